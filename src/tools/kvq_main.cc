@@ -1,11 +1,15 @@
 // kvq command-line entry point: parses flags, calls the engine, prints.
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
+#include "tools/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvq: KV-cache quantization engine and lab"};
   app.require_subcommand(1);
+  kvq::CommandContext ctx;
+  kvq::RegisterInfoCommand(app, ctx);
+  kvq::RegisterTokenizeCommand(app, ctx);
+  kvq::RegisterSynthCommand(app, ctx);
   CLI11_PARSE(app, argc, argv);
-  return 0;
+  return ctx.exit_code;
 }

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import unicodedata
 
 EOT = "<|endoftext|>"
 SEED = 1234
@@ -168,7 +169,8 @@ def main():
     stats = {}
     for part in ("train", "valid", "test"):
         texts = [t for n, _, t in docs if split[n] == part]
-        body = EOT.join(texts) + EOT
+        # NFC: the tokenizer (like Qwen2's) normalizes to NFC, so store NFC text.
+        body = unicodedata.normalize("NFC", EOT.join(texts) + EOT)
         with open(os.path.join(out, part + ".txt"), "w", encoding="utf-8") as f:
             f.write(body)
         stats[part] = {"documents": len(texts), "words": sum(len(t.split()) for t in texts), "chars": len(body)}

@@ -1,0 +1,10 @@
+// Placeholder until the command lands; replace this whole file.
+#include "tools/commands.h"
+
+namespace kvq {
+
+void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx) {
+  app.add_subcommand("tokenize", "(not implemented yet)")->callback([&ctx] { ctx.exit_code = 2; });
+}
+
+}  // namespace kvq

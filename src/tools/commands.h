@@ -1,0 +1,18 @@
+// Each kvq subcommand lives in its own cmd_<name>.cc and registers itself on
+// the CLI here. A command's callback returns the process exit code through
+// `exit_code`; errors are printed to stderr as "kvq <cmd>: <message>".
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvq {
+
+struct CommandContext {
+  int exit_code = 0;
+};
+
+void RegisterInfoCommand(CLI::App& app, CommandContext& ctx);
+void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
+void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);
+
+}  // namespace kvq

@@ -23,7 +23,7 @@ import unicodedata
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bpe import BYTE2CHAR, SPECIALS, Tokenizer, pretokenize  # noqa: E402
+from bpe import BYTE2CHAR, QWEN2_SPLIT, SPECIALS, Tokenizer, pretokenize  # noqa: E402
 
 EOT = SPECIALS[0]
 
@@ -105,7 +105,7 @@ def tokenizer_json(vocab, merges, specials):
                           "normalized": False, "special": True} for s, i in specials.items()],
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": __import__("bpe").QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
         "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},

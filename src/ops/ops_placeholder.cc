@@ -1,0 +1,3 @@
+// Placeholder so the ops library has a translation unit; removed when the
+// first kernel lands.
+namespace kvq {}

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,9 +60,15 @@ class GgufFile {
 
   // Tensors in file order, data pointing into the map.
   const std::vector<TensorRef>& tensors() const { return tensors_; }
+  const TensorRef* FindTensor(std::string_view name) const;  // nullptr if absent
+  // File offset where the tensor data section starts (clamped to the file size
+  // for vocabulary-only files that end before it).
+  size_t data_offset() const { return data_offset_; }
 
  private:
   GgufFile() = default;
+  Status ParseImpl(const uint8_t* data, size_t size);
+  size_t data_offset_ = 0;
   std::unique_ptr<MappedFile> map_;  // null when parsed from caller bytes
   std::string name_;
   uint32_t version_ = 0;
@@ -85,6 +92,11 @@ class GgufWriter {
   // `shape` outermost first, as in TensorRef; bytes are copied.
   Status AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
                    const void* data, size_t nbytes);
+  // Like AddTensor, but the bytes are produced by `fill` (given a buffer of the
+  // tensor's byte size, zeroed) while Write streams the file, so multi-GB
+  // models are never held in memory at once.
+  Status AddTensorFn(std::string name, DType dtype, std::vector<int64_t> shape,
+                     std::function<void(uint8_t* out)> fill);
   Status Write(const std::string& path) const;
 
  private:
@@ -93,7 +105,8 @@ class GgufWriter {
     std::string name;
     DType dtype;
     std::vector<int64_t> shape;
-    std::vector<uint8_t> bytes;
+    std::function<void(uint8_t* out)> fill;
+    size_t nbytes() const;
   };
   std::vector<PendingTensor> tensors_;
 };

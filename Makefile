@@ -1,0 +1,58 @@
+# kvq entry points. `make demo` and `make test` set the machine up first when
+# needed (scripts/setup.sh is idempotent and fast when nothing is missing).
+BUILD     ?= build
+JOBS      ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+LLAMA_BIN  = $(shell scripts/build_llama_cpp.sh | tail -n 1)
+CMAKE_FLAGS ?=
+
+.PHONY: all setup build llama-cpp test test-unit test-sanitize fuzz check demo format clean
+
+all: build
+
+setup:
+	@scripts/setup.sh --check || scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+# llama.cpp, built once into a cache outside the checkout (slow the first time).
+llama-cpp: setup
+	@scripts/build_llama_cpp.sh llama
+
+# Every test: unit tests, tokenizer vectors, and conformance with llama.cpp.
+test: setup llama-cpp
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DKVQ_LLAMACPP_BIN=$(LLAMA_BIN) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-sanitize: setup
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_SANITIZE=ON >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE llamacpp
+
+# Each libFuzzer target for FUZZ_SECONDS, starting from its seed corpus.
+fuzz: setup
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_FUZZ=ON >/dev/null
+	cmake --build build-fuzz -j $(JOBS)
+	@set -e; for f in build-fuzz/bin/*_fuzz; do \
+	  name=$$(basename $$f _fuzz); mkdir -p build-fuzz/corpus/$$name; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus/$$name fuzz/corpus/$$name 2>&1 | tail -n 3; \
+	done
+
+# What CI runs: the README's test command, then sanitizers and fuzzing.
+check: test test-sanitize fuzz
+
+demo: build
+	scripts/demo.sh $(BUILD)/bin/kvq
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz

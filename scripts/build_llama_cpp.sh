@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds llama.cpp (CPU only) from the source tree that scripts/setup.sh
+# unpacked from node-llama-cpp@3.22.1, into a cache OUTSIDE the checkout so
+# every clone and CI run on this machine reuses it. Then builds kvq's small
+# harness (tools/llamacpp/harness.cc) against it.
+#
+#   scripts/build_llama_cpp.sh [target ...]   default: llama + harness
+# Prints the cache's bin directory on the last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+SRC="$ROOT/.deps/llama.cpp"
+[ -f "$SRC/CMakeLists.txt" ] || { echo "llama.cpp source missing: run scripts/setup.sh" >&2; exit 1; }
+COMMIT=$(git -C "$SRC" rev-parse --short=12 HEAD)
+CACHE="${KVQ_CACHE_DIR:-/var/cache/kvq}/llama.cpp-$COMMIT"
+mkdir -p "$CACHE"
+# The cache keeps its own copy of the source so it never depends on which
+# clone built it.
+if [ ! -f "$CACHE/src/CMakeLists.txt" ]; then
+  rm -rf "$CACHE/src"
+  git clone -q "$SRC" "$CACHE/src"
+fi
+TARGETS=("$@")
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(llama)
+if [ ! -f "$CACHE/build/CMakeCache.txt" ]; then
+  cmake -S "$CACHE/src" -B "$CACHE/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF -DGGML_NATIVE=ON >"$CACHE/configure.log" 2>&1 \
+    || { tail -30 "$CACHE/configure.log" >&2; exit 1; }
+fi
+cmake --build "$CACHE/build" --target "${TARGETS[@]}" >"$CACHE/build.log" 2>&1 \
+  || { tail -30 "$CACHE/build.log" >&2; exit 1; }
+
+# kvq's harness: rebuilt when its source is newer than the binary.
+HARNESS_SRC="$ROOT/tools/llamacpp/harness.cc"
+HARNESS_BIN="$CACHE/bin/kvq-llamacpp-harness"
+mkdir -p "$CACHE/bin"
+if [ ! -x "$HARNESS_BIN" ] || [ "$HARNESS_SRC" -nt "$HARNESS_BIN" ]; then
+  libs=$(find "$CACHE/build" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
+  g++ -O2 -std=c++17 -I"$CACHE/src/include" -I"$CACHE/src/ggml/include" \
+    "$HARNESS_SRC" -o "$HARNESS_BIN.tmp" \
+    -Wl,--start-group $libs -Wl,--end-group -fopenmp -lpthread -ldl
+  mv "$HARNESS_BIN.tmp" "$HARNESS_BIN"
+fi
+for t in "${TARGETS[@]}"; do
+  [ -x "$CACHE/build/bin/$t" ] && ln -sf "$CACHE/build/bin/$t" "$CACHE/bin/$t"
+done
+echo "$CACHE/bin"

@@ -1,0 +1,763 @@
+// GGUF reader and writer. The reader trusts nothing in the file: every length,
+// count and offset is checked against the bytes that remain before it is used,
+// with overflow-safe arithmetic, so a corrupt or hostile file yields a Status
+// naming the problem instead of an out-of-bounds read or a huge allocation.
+#include "io/gguf.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <unordered_set>
+
+namespace kvq {
+namespace {
+
+constexpr uint32_t kDefaultAlignment = 32;
+constexpr int kMaxDims = 4;
+// Nested arrays recurse; a cap keeps a hostile file from exhausting the stack.
+constexpr int kMaxArrayDepth = 16;
+
+// ggml's tensor type ids (ggml.h), used only to name unsupported types.
+const char* GgmlTypeName(uint32_t type) {
+  static constexpr const char* kNames[] = {
+      "F32",  "F16",     "Q4_0",   "Q4_1",    "Q4_2",  "Q4_3",   "Q5_0",  "Q5_1",
+      "Q8_0", "Q8_1",    "Q2_K",   "Q3_K",    "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+      "I8",   "I16",     "I32",    "I64",     "F64",   "IQ1_M",  "BF16",  nullptr,
+      nullptr, nullptr,  "TQ1_0",  "TQ2_0",   nullptr, nullptr,  nullptr, "MXFP4",
+      "NVFP4"};
+  if (type < std::size(kNames)) return kNames[type];
+  return nullptr;
+}
+
+bool GgmlToDType(uint32_t type, DType* out) {
+  switch (type) {
+    case 0: *out = DType::kF32; return true;
+    case 1: *out = DType::kF16; return true;
+    case 8: *out = DType::kQ8_0; return true;
+    case 30: *out = DType::kBF16; return true;
+    default: return false;
+  }
+}
+
+uint32_t DTypeToGgml(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 0;
+    case DType::kF16: return 1;
+    case DType::kQ8_0: return 8;
+    case DType::kBF16: return 30;
+  }
+  return 0;
+}
+
+bool IsValidType(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kFloat64); }
+
+// Smallest encoding of one value of `type`; used to bound element counts by
+// the bytes that remain, before anything is allocated.
+size_t MinEncodedSize(GgufType type) {
+  switch (type) {
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kBool: return 1;
+    case GgufType::kUint16:
+    case GgufType::kInt16: return 2;
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kFloat32: return 4;
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+    case GgufType::kFloat64:
+    case GgufType::kString: return 8;
+    case GgufType::kArray: return 12;  // element type + count
+  }
+  return 1;
+}
+
+bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+// Sequential little-endian reader over caller-owned bytes.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return size_ - pos_; }
+
+  Status Need(uint64_t n, const std::string& what) const {
+    if (n > remaining()) {
+      return Status::Error("truncated file: " + what + " needs " + std::to_string(n) +
+                           " bytes at offset " + std::to_string(pos_) + ", only " +
+                           std::to_string(remaining()) + " remain");
+    }
+    return Status::Ok();
+  }
+  template <typename T>
+  Status Read(T* out, const std::string& what) {
+    KVQ_RETURN_IF_ERROR(Need(sizeof(T), what));
+    std::memcpy(out, data_ + pos_, sizeof(T));  // host is little-endian, as is GGUF
+    pos_ += sizeof(T);
+    return Status::Ok();
+  }
+  Status ReadString(std::string* out, const std::string& what) {
+    uint64_t len = 0;
+    KVQ_RETURN_IF_ERROR(Read(&len, what + " length"));
+    if (len > remaining()) {
+      return Status::Error("string length " + std::to_string(len) + " of " + what +
+                           " at offset " + std::to_string(pos_ - 8) + " exceeds the " +
+                           std::to_string(remaining()) + " bytes that remain");
+    }
+    out->assign(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
+    pos_ += static_cast<size_t>(len);
+    return Status::Ok();
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+Status ReadValue(Reader& r, GgufType type, int depth, const std::string& what, GgufValue* out);
+
+Status ReadArray(Reader& r, int depth, const std::string& what, GgufValue* out) {
+  if (depth >= kMaxArrayDepth) {
+    return Status::Error(what + ": arrays nested deeper than " + std::to_string(kMaxArrayDepth));
+  }
+  uint32_t elem_type = 0;
+  KVQ_RETURN_IF_ERROR(r.Read(&elem_type, what + " array element type"));
+  if (!IsValidType(elem_type)) {
+    return Status::Error(what + ": invalid array element type " + std::to_string(elem_type));
+  }
+  uint64_t count = 0;
+  KVQ_RETURN_IF_ERROR(r.Read(&count, what + " array length"));
+  out->element_type = static_cast<GgufType>(elem_type);
+  const size_t min_size = MinEncodedSize(out->element_type);
+  if (count > r.remaining() / min_size) {
+    return Status::Error(what + ": array of " + std::to_string(count) + " " +
+                         GgufTypeName(out->element_type) + " elements needs at least " +
+                         (count > std::numeric_limits<uint64_t>::max() / min_size
+                              ? std::string("more")
+                              : std::to_string(count * min_size)) +
+                         " bytes but only " + std::to_string(r.remaining()) + " remain");
+  }
+  out->elements.resize(static_cast<size_t>(count));
+  for (auto& element : out->elements) {
+    KVQ_RETURN_IF_ERROR(ReadValue(r, out->element_type, depth + 1, what, &element));
+  }
+  return Status::Ok();
+}
+
+Status ReadValue(Reader& r, GgufType type, int depth, const std::string& what, GgufValue* out) {
+  out->type = type;
+  switch (type) {
+    case GgufType::kUint8: {
+      uint8_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_uint = v;
+      return Status::Ok();
+    }
+    case GgufType::kBool: {
+      uint8_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_uint = v != 0;
+      return Status::Ok();
+    }
+    case GgufType::kInt8: {
+      int8_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_int = v;
+      return Status::Ok();
+    }
+    case GgufType::kUint16: {
+      uint16_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_uint = v;
+      return Status::Ok();
+    }
+    case GgufType::kInt16: {
+      int16_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_int = v;
+      return Status::Ok();
+    }
+    case GgufType::kUint32: {
+      uint32_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_uint = v;
+      return Status::Ok();
+    }
+    case GgufType::kInt32: {
+      int32_t v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_int = v;
+      return Status::Ok();
+    }
+    case GgufType::kUint64: return r.Read(&out->as_uint, what);
+    case GgufType::kInt64: return r.Read(&out->as_int, what);
+    case GgufType::kFloat32: {
+      float v;
+      KVQ_RETURN_IF_ERROR(r.Read(&v, what));
+      out->as_float = v;
+      return Status::Ok();
+    }
+    case GgufType::kFloat64: return r.Read(&out->as_float, what);
+    case GgufType::kString: return r.ReadString(&out->as_string, what);
+    case GgufType::kArray: return ReadArray(r, depth, what, out);
+  }
+  return Status::Error(what + ": invalid value type");
+}
+
+bool IsUnsigned(GgufType t) {
+  return t == GgufType::kUint8 || t == GgufType::kUint16 || t == GgufType::kUint32 ||
+         t == GgufType::kUint64;
+}
+bool IsSigned(GgufType t) {
+  return t == GgufType::kInt8 || t == GgufType::kInt16 || t == GgufType::kInt32 ||
+         t == GgufType::kInt64;
+}
+bool IsFloat(GgufType t) { return t == GgufType::kFloat32 || t == GgufType::kFloat64; }
+
+// Integer value of `v`, or an error naming `key`.
+StatusOr<int64_t> AsInt(const GgufValue& v, std::string_view key) {
+  if (IsSigned(v.type)) return v.as_int;
+  if (IsUnsigned(v.type)) {
+    if (v.as_uint > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Status::Error("metadata key '" + std::string(key) + "': value " +
+                           std::to_string(v.as_uint) + " does not fit in int64");
+    }
+    return static_cast<int64_t>(v.as_uint);
+  }
+  return Status::Error("metadata key '" + std::string(key) + "' has type " +
+                       GgufTypeName(v.type) + ", expected an integer");
+}
+
+StatusOr<double> AsFloat(const GgufValue& v, std::string_view key) {
+  if (IsFloat(v.type)) return v.as_float;
+  if (IsSigned(v.type)) return static_cast<double>(v.as_int);
+  if (IsUnsigned(v.type)) return static_cast<double>(v.as_uint);
+  return Status::Error("metadata key '" + std::string(key) + "' has type " +
+                       GgufTypeName(v.type) + ", expected a number");
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+const char* GgufTypeName(GgufType type) {
+  switch (type) {
+    case GgufType::kUint8: return "uint8";
+    case GgufType::kInt8: return "int8";
+    case GgufType::kUint16: return "uint16";
+    case GgufType::kInt16: return "int16";
+    case GgufType::kUint32: return "uint32";
+    case GgufType::kInt32: return "int32";
+    case GgufType::kFloat32: return "float32";
+    case GgufType::kBool: return "bool";
+    case GgufType::kString: return "string";
+    case GgufType::kArray: return "array";
+    case GgufType::kUint64: return "uint64";
+    case GgufType::kInt64: return "int64";
+    case GgufType::kFloat64: return "float64";
+  }
+  return "?";
+}
+
+StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map, MappedFile::Open(path));
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, Parse(map->data(), map->size(), path));
+  file->map_ = std::move(map);  // tensor pointers stay valid: the mapping does not move
+  return file;
+}
+
+StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, size_t size,
+                                                    const std::string& name) {
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->name_ = name;
+  Status st = file->ParseImpl(data, size);
+  if (!st.ok()) return st.WithContext(name);
+  return file;
+}
+
+Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
+  Reader r(data, size);
+  char magic[4];
+  KVQ_RETURN_IF_ERROR(r.Read(&magic, "magic"));
+  if (std::memcmp(magic, "GGUF", 4) != 0) {
+    return Status::Error("not a GGUF file (magic bytes are not 'GGUF')");
+  }
+  KVQ_RETURN_IF_ERROR(r.Read(&version_, "version"));
+  if ((version_ & 0xFFFFu) == 0 && version_ != 0) {
+    return Status::Error("big-endian GGUF files are not supported");
+  }
+  if (version_ != 2 && version_ != 3) {
+    return Status::Error("unsupported GGUF version " + std::to_string(version_) +
+                         " (supported: 2, 3)");
+  }
+  uint64_t n_tensors = 0, n_kv = 0;
+  KVQ_RETURN_IF_ERROR(r.Read(&n_tensors, "tensor count"));
+  KVQ_RETURN_IF_ERROR(r.Read(&n_kv, "metadata count"));
+  // A key-value pair takes at least 13 bytes (key length, type, one byte).
+  if (n_kv > r.remaining() / 13) {
+    return Status::Error("metadata count " + std::to_string(n_kv) +
+                         " is impossible: only " + std::to_string(r.remaining()) +
+                         " bytes remain");
+  }
+  // A tensor info takes at least 24 bytes (name length, n_dims, type, offset).
+  if (n_tensors > r.remaining() / 24) {
+    return Status::Error("tensor count " + std::to_string(n_tensors) + " is impossible: only " +
+                         std::to_string(r.remaining()) + " bytes remain");
+  }
+
+  std::unordered_set<std::string> keys;
+  metadata_.reserve(static_cast<size_t>(n_kv));
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    std::string key;
+    KVQ_RETURN_IF_ERROR(r.ReadString(&key, "metadata key #" + std::to_string(i)));
+    if (!keys.insert(key).second) {
+      return Status::Error("duplicate metadata key '" + key + "'");
+    }
+    const std::string what = "metadata key '" + key + "'";
+    uint32_t type = 0;
+    KVQ_RETURN_IF_ERROR(r.Read(&type, what + " type"));
+    if (!IsValidType(type)) {
+      return Status::Error(what + ": invalid value type " + std::to_string(type));
+    }
+    GgufValue value;
+    KVQ_RETURN_IF_ERROR(ReadValue(r, static_cast<GgufType>(type), 0, what, &value));
+    metadata_.emplace_back(std::move(key), std::move(value));
+  }
+
+  alignment_ = kDefaultAlignment;
+  if (const GgufValue* a = Find("general.alignment")) {
+    StatusOr<int64_t> v = AsInt(*a, "general.alignment");
+    if (!v.ok()) return v.status();
+    if (*v <= 0 || !IsPowerOfTwo(static_cast<uint64_t>(*v)) || *v > (1 << 30)) {
+      return Status::Error("general.alignment " + std::to_string(*v) +
+                           " is not a power of two (up to 2^30)");
+    }
+    alignment_ = static_cast<size_t>(*v);
+  }
+
+  struct Info {
+    uint64_t offset;
+    size_t nbytes;
+    size_t index;
+  };
+  std::vector<Info> infos;
+  std::unordered_set<std::string> names;
+  tensors_.reserve(static_cast<size_t>(n_tensors));
+  infos.reserve(static_cast<size_t>(n_tensors));
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    TensorRef t;
+    KVQ_RETURN_IF_ERROR(r.ReadString(&t.name, "tensor #" + std::to_string(i) + " name"));
+    if (!names.insert(t.name).second) {
+      return Status::Error("duplicate tensor name '" + t.name + "'");
+    }
+    const std::string what = "tensor '" + t.name + "'";
+    uint32_t n_dims = 0;
+    KVQ_RETURN_IF_ERROR(r.Read(&n_dims, what + " dimension count"));
+    if (n_dims == 0 || n_dims > kMaxDims) {
+      return Status::Error(what + " has " + std::to_string(n_dims) +
+                           " dimensions (supported: 1 to 4)");
+    }
+    int64_t ne[kMaxDims];
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      KVQ_RETURN_IF_ERROR(r.Read(&ne[d], what + " dimensions"));
+    }
+    // GGUF lists the fastest-varying dimension first; TensorRef is outermost first.
+    int64_t count = 1;
+    for (uint32_t d = n_dims; d-- > 0;) {
+      t.shape.push_back(ne[d]);
+      if (ne[d] <= 0) {
+        return Status::Error(what + " has non-positive dimension " + std::to_string(ne[d]));
+      }
+      if (__builtin_mul_overflow(count, ne[d], &count)) {
+        return Status::Error(what + ": element count overflows");
+      }
+    }
+    uint32_t ggml_type = 0;
+    KVQ_RETURN_IF_ERROR(r.Read(&ggml_type, what + " type"));
+    if (!GgmlToDType(ggml_type, &t.dtype)) {
+      const char* type_name = GgmlTypeName(ggml_type);
+      return Status::Error("unsupported tensor type " +
+                           (type_name ? std::string(type_name) : std::to_string(ggml_type)) +
+                           " in tensor '" + t.name + "' (supported: F32, F16, BF16, Q8_0)");
+    }
+    if (t.dtype == DType::kQ8_0 && ne[0] % 32 != 0) {
+      return Status::Error(what + " is Q8_0 but its row length " + std::to_string(ne[0]) +
+                           " is not a multiple of 32");
+    }
+    uint64_t offset = 0;
+    KVQ_RETURN_IF_ERROR(r.Read(&offset, what + " offset"));
+    if (offset % alignment_ != 0) {
+      return Status::Error(what + " data offset " + std::to_string(offset) +
+                           " is not a multiple of the alignment " + std::to_string(alignment_));
+    }
+    // Any tensor whose element count exceeds the file size cannot fit; this
+    // bound also keeps the byte count below from overflowing.
+    if (static_cast<uint64_t>(count) > size) {
+      return Status::Error(what + " of shape " + ShapeString(t.shape) + " (" +
+                           std::to_string(count) + " elements) cannot fit in a file of " +
+                           std::to_string(size) + " bytes");
+    }
+    t.nbytes = DTypeBytes(t.dtype, count);
+    infos.push_back({offset, t.nbytes, tensors_.size()});
+    tensors_.push_back(std::move(t));
+  }
+
+  // The data section starts at the next multiple of the alignment.
+  const size_t header_end = r.pos();
+  const uint64_t data_start =
+      (static_cast<uint64_t>(header_end) + alignment_ - 1) / alignment_ * alignment_;
+  data_offset_ = static_cast<size_t>(std::min<uint64_t>(data_start, size));
+  for (const Info& info : infos) {
+    TensorRef& t = tensors_[info.index];
+    // data_start <= size + alignment and offset, nbytes <= 2^64 / 2: no overflow
+    // is possible in 64-bit, but check explicitly to say so.
+    uint64_t begin = 0, end = 0;
+    if (__builtin_add_overflow(data_start, info.offset, &begin) ||
+        __builtin_add_overflow(begin, static_cast<uint64_t>(info.nbytes), &end) || end > size) {
+      return Status::Error("tensor '" + t.name + "' extends past end of file (offset " +
+                           std::to_string(begin) + " + " + std::to_string(info.nbytes) + " > " +
+                           std::to_string(size) + ")");
+    }
+    t.data = data + begin;
+  }
+  std::sort(infos.begin(), infos.end(),
+            [](const Info& a, const Info& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < infos.size(); ++i) {
+    const Info& prev = infos[i - 1];
+    if (prev.offset + prev.nbytes > infos[i].offset) {
+      return Status::Error("tensor '" + tensors_[prev.index].name + "' (offset " +
+                           std::to_string(prev.offset) + ", " + std::to_string(prev.nbytes) +
+                           " bytes) overlaps tensor '" + tensors_[infos[i].index].name +
+                           "' (offset " + std::to_string(infos[i].offset) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+const GgufValue* GgufFile::Find(std::string_view key) const {
+  for (const auto& [k, v] : metadata_) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+const TensorRef* GgufFile::FindTensor(std::string_view name) const {
+  for (const TensorRef& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+namespace {
+Status Missing(const std::string& file, std::string_view key) {
+  return Status::Error(file + ": metadata key '" + std::string(key) + "' is missing");
+}
+Status WrongType(const std::string& file, std::string_view key, const GgufValue& v,
+                 const char* expected) {
+  std::string type = GgufTypeName(v.type);
+  if (v.type == GgufType::kArray) type += " of " + std::string(GgufTypeName(v.element_type));
+  return Status::Error(file + ": metadata key '" + std::string(key) + "' has type " + type +
+                       ", expected " + expected);
+}
+}  // namespace
+
+StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  if (v->type != GgufType::kString) return WrongType(name_, key, *v, "string");
+  return v->as_string;
+}
+
+StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  StatusOr<int64_t> r = AsInt(*v, key);
+  if (!r.ok()) return r.status().WithContext(name_);
+  return r;
+}
+
+StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  StatusOr<double> r = AsFloat(*v, key);
+  if (!r.ok()) return r.status().WithContext(name_);
+  return r;
+}
+
+StatusOr<bool> GgufFile::GetBool(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  if (v->type != GgufType::kBool) return WrongType(name_, key, *v, "bool");
+  return v->as_uint != 0;
+}
+
+StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  if (v->type != GgufType::kArray || v->element_type != GgufType::kString) {
+    return WrongType(name_, key, *v, "array of string");
+  }
+  std::vector<std::string> out;
+  out.reserve(v->elements.size());
+  for (const GgufValue& e : v->elements) out.push_back(e.as_string);
+  return out;
+}
+
+StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  if (v->type != GgufType::kArray ||
+      !(IsSigned(v->element_type) || IsUnsigned(v->element_type))) {
+    return WrongType(name_, key, *v, "array of integers");
+  }
+  std::vector<int64_t> out;
+  out.reserve(v->elements.size());
+  for (const GgufValue& e : v->elements) {
+    StatusOr<int64_t> x = AsInt(e, key);
+    if (!x.ok()) return x.status().WithContext(name_);
+    out.push_back(*x);
+  }
+  return out;
+}
+
+StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (!v) return Missing(name_, key);
+  if (v->type != GgufType::kArray ||
+      !(IsFloat(v->element_type) || IsSigned(v->element_type) ||
+        IsUnsigned(v->element_type))) {
+    return WrongType(name_, key, *v, "array of numbers");
+  }
+  std::vector<double> out;
+  out.reserve(v->elements.size());
+  for (const GgufValue& e : v->elements) {
+    StatusOr<double> x = AsFloat(e, key);
+    if (!x.ok()) return x.status().WithContext(name_);
+    out.push_back(*x);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Writer
+
+namespace {
+
+GgufValue Scalar(GgufType type) {
+  GgufValue v;
+  v.type = type;
+  return v;
+}
+
+template <typename T>
+void Put(std::string* out, T value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+void PutString(std::string* out, const std::string& s) {
+  Put<uint64_t>(out, s.size());
+  out->append(s);
+}
+
+// Serializes `v`'s payload (not its type tag). Arrays must be homogeneous.
+Status PutValue(std::string* out, const GgufValue& v, const std::string& key) {
+  switch (v.type) {
+    case GgufType::kUint8: Put<uint8_t>(out, static_cast<uint8_t>(v.as_uint)); break;
+    case GgufType::kInt8: Put<int8_t>(out, static_cast<int8_t>(v.as_int)); break;
+    case GgufType::kUint16: Put<uint16_t>(out, static_cast<uint16_t>(v.as_uint)); break;
+    case GgufType::kInt16: Put<int16_t>(out, static_cast<int16_t>(v.as_int)); break;
+    case GgufType::kUint32: Put<uint32_t>(out, static_cast<uint32_t>(v.as_uint)); break;
+    case GgufType::kInt32: Put<int32_t>(out, static_cast<int32_t>(v.as_int)); break;
+    case GgufType::kFloat32: Put<float>(out, static_cast<float>(v.as_float)); break;
+    case GgufType::kBool: Put<uint8_t>(out, v.as_uint != 0); break;
+    case GgufType::kString: PutString(out, v.as_string); break;
+    case GgufType::kUint64: Put<uint64_t>(out, v.as_uint); break;
+    case GgufType::kInt64: Put<int64_t>(out, v.as_int); break;
+    case GgufType::kFloat64: Put<double>(out, v.as_float); break;
+    case GgufType::kArray:
+      Put<uint32_t>(out, static_cast<uint32_t>(v.element_type));
+      Put<uint64_t>(out, v.elements.size());
+      for (const GgufValue& e : v.elements) {
+        if (e.type != v.element_type) {
+          return Status::Error("metadata key '" + key + "': array of " +
+                               GgufTypeName(v.element_type) + " holds a " +
+                               GgufTypeName(e.type) + " element");
+        }
+        KVQ_RETURN_IF_ERROR(PutValue(out, e, key));
+      }
+      break;
+    default: return Status::Error("metadata key '" + key + "': invalid value type");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void GgufWriter::SetString(std::string key, std::string value) {
+  GgufValue v = Scalar(GgufType::kString);
+  v.as_string = std::move(value);
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetUint32(std::string key, uint32_t value) {
+  GgufValue v = Scalar(GgufType::kUint32);
+  v.as_uint = value;
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetInt32(std::string key, int32_t value) {
+  GgufValue v = Scalar(GgufType::kInt32);
+  v.as_int = value;
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetFloat32(std::string key, float value) {
+  GgufValue v = Scalar(GgufType::kFloat32);
+  v.as_float = value;
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetBool(std::string key, bool value) {
+  GgufValue v = Scalar(GgufType::kBool);
+  v.as_uint = value;
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetStringArray(std::string key, std::vector<std::string> values) {
+  GgufValue v = Scalar(GgufType::kArray);
+  v.element_type = GgufType::kString;
+  v.elements.reserve(values.size());
+  for (std::string& s : values) {
+    GgufValue e = Scalar(GgufType::kString);
+    e.as_string = std::move(s);
+    v.elements.push_back(std::move(e));
+  }
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetInt32Array(std::string key, std::vector<int32_t> values) {
+  GgufValue v = Scalar(GgufType::kArray);
+  v.element_type = GgufType::kInt32;
+  v.elements.reserve(values.size());
+  for (int32_t x : values) {
+    GgufValue e = Scalar(GgufType::kInt32);
+    e.as_int = x;
+    v.elements.push_back(std::move(e));
+  }
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetFloat32Array(std::string key, std::vector<float> values) {
+  GgufValue v = Scalar(GgufType::kArray);
+  v.element_type = GgufType::kFloat32;
+  v.elements.reserve(values.size());
+  for (float x : values) {
+    GgufValue e = Scalar(GgufType::kFloat32);
+    e.as_float = x;
+    v.elements.push_back(std::move(e));
+  }
+  SetValue(std::move(key), std::move(v));
+}
+void GgufWriter::SetValue(std::string key, GgufValue value) {
+  // Setting a key twice replaces it: GGUF forbids duplicate keys.
+  for (auto& [k, v] : metadata_) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  metadata_.emplace_back(std::move(key), std::move(value));
+}
+
+Status GgufWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                             const void* data, size_t nbytes) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  return AddTensorFn(std::move(name), dtype, std::move(shape),
+                     [copy = std::vector<uint8_t>(bytes, bytes + nbytes)](uint8_t* out) {
+                       std::memcpy(out, copy.data(), copy.size());
+                     });
+}
+
+Status GgufWriter::AddTensorFn(std::string name, DType dtype, std::vector<int64_t> shape,
+                               std::function<void(uint8_t* out)> fill) {
+  if (shape.empty() || shape.size() > kMaxDims) {
+    return Status::Error("tensor '" + name + "': rank " + std::to_string(shape.size()) +
+                         " (supported: 1 to 4)");
+  }
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d <= 0 || __builtin_mul_overflow(count, d, &count)) {
+      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
+    }
+  }
+  if (dtype == DType::kQ8_0 && shape.back() % 32 != 0) {
+    return Status::Error("tensor '" + name + "': Q8_0 row length " +
+                         std::to_string(shape.back()) + " is not a multiple of 32");
+  }
+  for (const PendingTensor& t : tensors_) {
+    if (t.name == name) return Status::Error("duplicate tensor name '" + name + "'");
+  }
+  tensors_.push_back({std::move(name), dtype, std::move(shape), std::move(fill)});
+  return Status::Ok();
+}
+
+size_t GgufWriter::PendingTensor::nbytes() const {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  return DTypeBytes(dtype, count);
+}
+
+Status GgufWriter::Write(const std::string& path) const {
+  size_t alignment = kDefaultAlignment;
+  for (const auto& [k, v] : metadata_) {
+    if (k != "general.alignment") continue;
+    const uint64_t a = IsSigned(v.type) ? static_cast<uint64_t>(v.as_int) : v.as_uint;
+    if (!(IsSigned(v.type) || IsUnsigned(v.type)) || !IsPowerOfTwo(a) || a > (1u << 30)) {
+      return Status::Error(path + ": general.alignment must be a power of two");
+    }
+    alignment = static_cast<size_t>(a);
+  }
+  std::string header;
+  header.append("GGUF", 4);
+  Put<uint32_t>(&header, 3);
+  Put<uint64_t>(&header, tensors_.size());
+  Put<uint64_t>(&header, metadata_.size());
+  for (const auto& [k, v] : metadata_) {
+    PutString(&header, k);
+    Put<uint32_t>(&header, static_cast<uint32_t>(v.type));
+    Status st = PutValue(&header, v, k);
+    if (!st.ok()) return st.WithContext(path);
+  }
+  // Tensors are packed in order, each padded to the alignment: the layout
+  // llama.cpp requires (it checks each offset against the running total).
+  uint64_t offset = 0;
+  for (const PendingTensor& t : tensors_) {
+    PutString(&header, t.name);
+    Put<uint32_t>(&header, static_cast<uint32_t>(t.shape.size()));
+    for (size_t d = t.shape.size(); d-- > 0;) Put<int64_t>(&header, t.shape[d]);
+    Put<uint32_t>(&header, DTypeToGgml(t.dtype));
+    Put<uint64_t>(&header, offset);
+    offset += (t.nbytes() + alignment - 1) / alignment * alignment;
+  }
+  header.resize((header.size() + alignment - 1) / alignment * alignment, '\0');
+
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  std::vector<uint8_t> buffer;
+  for (const PendingTensor& t : tensors_) {
+    const size_t n = t.nbytes();
+    const size_t padded = (n + alignment - 1) / alignment * alignment;
+    buffer.assign(padded, 0);
+    t.fill(buffer.data());
+    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(padded));
+    if (!out) break;
+  }
+  out.flush();
+  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
+  return Status::Ok();
+}
+
+}  // namespace kvq

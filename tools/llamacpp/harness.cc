@@ -1,0 +1,146 @@
+// kvq's harness around llama.cpp (the independent reference implementation).
+// Built by scripts/build_llama_cpp.sh against the llama.cpp library compiled
+// from the node-llama-cpp bundle; used by tests and benchmarks, never linked
+// into kvq itself.
+//
+//   harness load MODEL.gguf
+//       loads every tensor, prints "ok n_vocab=… n_layer=… desc=…"
+//   harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...
+//       runs the tokens as one sequence and writes the logits of every
+//       position: magic "KVQLOGIT", uint32 n_tokens, uint32 n_vocab, then
+//       n_tokens*n_vocab little-endian f32. --decode feeds one token per
+//       llama_decode call (the KV-cache path); default is one batch (prefill).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+namespace {
+
+void QuietLog(ggml_log_level level, const char* text, void*) {
+  if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+int Usage() {
+  std::fprintf(stderr,
+               "usage: harness load MODEL.gguf\n"
+               "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n");
+  return 2;
+}
+
+llama_model* LoadModel(const char* path) {
+  llama_model_params params = llama_model_default_params();
+  params.use_mmap = true;
+  llama_model* model = llama_model_load_from_file(path, params);
+  if (model == nullptr) std::fprintf(stderr, "harness: llama.cpp failed to load %s\n", path);
+  return model;
+}
+
+int Load(const char* path) {
+  llama_model* model = LoadModel(path);
+  if (model == nullptr) return 1;
+  char desc[256];
+  llama_model_desc(model, desc, sizeof(desc));
+  std::printf("ok n_vocab=%d n_layer=%d desc=%s\n",
+              llama_vocab_n_tokens(llama_model_get_vocab(model)), llama_model_n_layer(model), desc);
+  llama_model_free(model);
+  return 0;
+}
+
+int Logits(int argc, char** argv) {
+  if (argc < 5) return Usage();
+  const char* model_path = argv[2];
+  const char* out_path = argv[3];
+  bool decode_one_by_one = false;
+  int threads = 2;
+  std::vector<llama_token> tokens;
+  for (int i = 4; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--decode") == 0) {
+      decode_one_by_one = true;
+    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      tokens.push_back(static_cast<llama_token>(std::atoi(argv[i])));
+    }
+  }
+  if (tokens.empty()) return Usage();
+  llama_model* model = LoadModel(model_path);
+  if (model == nullptr) return 1;
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const int n_tokens = static_cast<int>(tokens.size());
+
+  llama_context_params cparams = llama_context_default_params();
+  cparams.n_ctx = static_cast<uint32_t>(n_tokens < 64 ? 64 : n_tokens);
+  cparams.n_batch = cparams.n_ctx;
+  cparams.n_ubatch = cparams.n_ctx;
+  cparams.n_threads = threads;
+  cparams.n_threads_batch = threads;
+  // f32 cache: the comparison is about the forward pass, not cache rounding.
+  cparams.type_k = GGML_TYPE_F32;
+  cparams.type_v = GGML_TYPE_F32;
+  llama_context* ctx = llama_init_from_model(model, cparams);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "harness: cannot create context\n");
+    llama_model_free(model);
+    return 1;
+  }
+  std::vector<float> logits(static_cast<size_t>(n_tokens) * n_vocab);
+  const int step = decode_one_by_one ? 1 : n_tokens;
+  llama_batch batch = llama_batch_init(step, 0, 1);
+  int status = 0;
+  for (int start = 0; start < n_tokens && status == 0; start += step) {
+    batch.n_tokens = step;
+    for (int j = 0; j < step; ++j) {
+      batch.token[j] = tokens[start + j];
+      batch.pos[j] = start + j;
+      batch.n_seq_id[j] = 1;
+      batch.seq_id[j][0] = 0;
+      batch.logits[j] = 1;
+    }
+    if (llama_decode(ctx, batch) != 0) {
+      std::fprintf(stderr, "harness: llama_decode failed at position %d\n", start);
+      status = 1;
+      break;
+    }
+    for (int j = 0; j < step; ++j) {
+      const float* row = llama_get_logits_ith(ctx, j);
+      std::memcpy(&logits[static_cast<size_t>(start + j) * n_vocab], row, sizeof(float) * n_vocab);
+    }
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  if (status != 0) return status;
+
+  FILE* out = std::fopen(out_path, "wb");
+  if (out == nullptr) {
+    std::fprintf(stderr, "harness: cannot write %s\n", out_path);
+    return 1;
+  }
+  const uint32_t header[2] = {static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(n_vocab)};
+  std::fwrite("KVQLOGIT", 1, 8, out);
+  std::fwrite(header, sizeof(uint32_t), 2, out);
+  std::fwrite(logits.data(), sizeof(float), logits.size(), out);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return Usage();
+  llama_log_set(QuietLog, nullptr);
+  llama_backend_init();
+  int rc;
+  if (std::strcmp(argv[1], "load") == 0) {
+    rc = Load(argv[2]);
+  } else if (std::strcmp(argv[1], "logits") == 0) {
+    rc = Logits(argc, argv);
+  } else {
+    rc = Usage();
+  }
+  llama_backend_free();
+  return rc;
+}

@@ -1,0 +1,158 @@
+#include "kv/dense_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "base/fp16.h"
+
+namespace kvq {
+namespace {
+
+// Storage element and its conversions. f16 rounds to nearest even on store.
+struct F32Elem {
+  using Type = float;
+  static constexpr const char* kName = "f32";
+  static Type Store(float x) { return x; }
+  static float Load(Type x) { return x; }
+};
+struct F16Elem {
+  using Type = uint16_t;
+  static constexpr const char* kName = "f16";
+  static Type Store(float x) { return F32ToF16(x); }
+  static float Load(Type x) { return F16ToF32(x); }
+};
+
+template <typename Elem>
+class DenseKvCache final : public KvCache {
+  using T = typename Elem::Type;
+
+ public:
+  DenseKvCache(const KvShape& shape, int64_t max_tokens)
+      : shape_(shape), max_tokens_(max_tokens), row_(shape.num_kv_heads * shape.head_dim) {}
+
+  Status AddSequence(SeqId seq) override {
+    if (sequences_.count(seq) != 0) return Status::Error("sequence " + std::to_string(seq) + " exists");
+    sequences_[seq].layers.resize(static_cast<size_t>(shape_.num_layers));
+    return Status::Ok();
+  }
+  void ReleaseSequence(SeqId seq) override { sequences_.erase(seq); }
+
+  int64_t Length(SeqId seq, int64_t layer) const override {
+    auto it = sequences_.find(seq);
+    if (it == sequences_.end()) return 0;
+    return static_cast<int64_t>(it->second.layers[layer].k.size()) / row_;
+  }
+  int64_t Capacity(SeqId seq) const override { return max_tokens_ - Length(seq, 0); }
+
+  Status Append(SeqId seq, int64_t layer, int64_t n, const float* /*k_pre_rope*/, const float* k,
+                const float* v) override {
+    auto it = sequences_.find(seq);
+    if (it == sequences_.end()) return Status::Error("unknown sequence " + std::to_string(seq));
+    Layer& cache = it->second.layers[layer];
+    const int64_t length = static_cast<int64_t>(cache.k.size()) / row_;
+    if (length + n > max_tokens_) {
+      return Status::Error("KV cache full: " + std::to_string(length) + " + " + std::to_string(n) +
+                           " tokens exceed the context of " + std::to_string(max_tokens_));
+    }
+    for (int64_t i = 0; i < n * row_; ++i) {
+      cache.k.push_back(Elem::Store(k[i]));
+      cache.v.push_back(Elem::Store(v[i]));
+    }
+    return Status::Ok();
+  }
+
+  void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+              float* out) const override {
+    const Layer& cache = sequences_.at(seq).layers[layer];
+    const int64_t total = static_cast<int64_t>(cache.k.size()) / row_;
+    const int64_t dim = shape_.head_dim;
+    const int64_t kv_heads = shape_.num_kv_heads;
+    const int64_t group = shape_.num_heads / kv_heads;
+    // One task per (query token, KV head): the group's query heads share each
+    // K/V row read.
+#pragma omp parallel
+    {
+      std::vector<float> scores(static_cast<size_t>(group * total));  // [group, total]
+      std::vector<float> row(static_cast<size_t>(dim));               // one K or V head row
+      std::vector<float> acc(static_cast<size_t>(group * dim));       // [group, dim]
+#pragma omp for schedule(static)
+      for (int64_t task = 0; task < n * kv_heads; ++task) {
+        const int64_t i = task / kv_heads, g = task % kv_heads;
+        const int64_t visible = total - n + i + 1;
+        const float* q_group = q + (i * shape_.num_heads + g * group) * dim;  // [group, dim]
+        for (int64_t t = 0; t < visible; ++t) {
+          const T* kt = cache.k.data() + t * row_ + g * dim;
+          for (int64_t d = 0; d < dim; ++d) row[d] = Elem::Load(kt[d]);
+          for (int64_t h = 0; h < group; ++h) {
+            float dot = 0;
+            for (int64_t d = 0; d < dim; ++d) dot += q_group[h * dim + d] * row[d];
+            scores[h * total + t] = dot * scale;
+          }
+        }
+        for (int64_t h = 0; h < group; ++h) {
+          float* s = &scores[h * total];
+          const float max_score = *std::max_element(s, s + visible);
+          float sum = 0;
+          for (int64_t t = 0; t < visible; ++t) {
+            s[t] = std::exp(s[t] - max_score);
+            sum += s[t];
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t t = 0; t < visible; ++t) s[t] *= inv;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t < visible; ++t) {
+          const T* vt = cache.v.data() + t * row_ + g * dim;
+          for (int64_t d = 0; d < dim; ++d) row[d] = Elem::Load(vt[d]);
+          for (int64_t h = 0; h < group; ++h) {
+            const float p = scores[h * total + t];
+            for (int64_t d = 0; d < dim; ++d) acc[h * dim + d] += p * row[d];
+          }
+        }
+        for (int64_t h = 0; h < group; ++h) {
+          std::copy_n(&acc[h * dim], dim, out + (i * shape_.num_heads + g * group + h) * dim);
+        }
+      }
+    }
+  }
+
+  size_t BytesUsed() const override {
+    size_t bytes = 0;
+    for (const auto& [id, s] : sequences_) {
+      for (const Layer& l : s.layers) bytes += (l.k.size() + l.v.size()) * sizeof(T);
+    }
+    return bytes;
+  }
+  const char* TypeName() const override { return Elem::kName; }
+
+ private:
+  struct Layer {
+    std::vector<T> k;  // [tokens, num_kv_heads, head_dim]
+    std::vector<T> v;  // [tokens, num_kv_heads, head_dim]
+  };
+  struct Sequence {
+    std::vector<Layer> layers;
+  };
+  KvShape shape_;
+  int64_t max_tokens_;
+  int64_t row_;  // num_kv_heads * head_dim
+  std::map<SeqId, Sequence> sequences_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvCache> MakeDenseKvCache(const KvShape& shape, DenseKvType type,
+                                          int64_t max_tokens) {
+  if (type == DenseKvType::kF16) return std::make_unique<DenseKvCache<F16Elem>>(shape, max_tokens);
+  return std::make_unique<DenseKvCache<F32Elem>>(shape, max_tokens);
+}
+
+StatusOr<DenseKvType> ParseDenseKvType(const std::string& name) {
+  if (name == "f32") return DenseKvType::kF32;
+  if (name == "f16") return DenseKvType::kF16;
+  return Status::Error("unknown KV cache type '" + name + "' (available: f32, f16)");
+}
+
+}  // namespace kvq

@@ -1,0 +1,58 @@
+// The KV-cache interface the model's forward pass talks to. A cache owns how
+// K and V are stored (f32, f16, later quantized and paged) and computes
+// attention itself, so a quantized cache can read its compressed blocks
+// directly. Model code never changes when a new cache type is added.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace kvq {
+
+using SeqId = int32_t;
+
+// Shapes shared by every layer of one model.
+struct KvShape {
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (grouped-query attention)
+  int64_t head_dim = 0;
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+
+  // Starts an empty sequence. Errors if `seq` exists.
+  virtual Status AddSequence(SeqId seq) = 0;
+  // Frees everything `seq` holds; unknown ids are ignored.
+  virtual void ReleaseSequence(SeqId seq) = 0;
+  // Tokens stored for `seq` in `layer` (every layer holds the same count
+  // once a forward pass has finished).
+  virtual int64_t Length(SeqId seq, int64_t layer) const = 0;
+  // Tokens the cache can still accept for `seq` (context or memory limit).
+  virtual int64_t Capacity(SeqId seq) const = 0;
+
+  // Stores `n` new tokens at the end of `seq` in `layer`.
+  // k_pre_rope, k, v: [n, num_kv_heads, head_dim]. k is k_pre_rope with RoPE
+  // applied; schemes that quantize before RoPE keep k_pre_rope instead.
+  virtual Status Append(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope,
+                        const float* k, const float* v) = 0;
+
+  // Causal attention of the last `n` appended tokens over everything stored:
+  // query i (0-based within the n) sees cached tokens [0, Length - n + i].
+  // q:   [n, num_heads, head_dim] (RoPE applied)
+  // out: [n, num_heads, head_dim]
+  // scale: the softmax temperature, normally 1/sqrt(head_dim).
+  virtual void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                      float* out) const = 0;
+
+  // Bytes of cache storage currently in use (including any side data).
+  virtual size_t BytesUsed() const = 0;
+  // Short name of the storage type, e.g. "f16".
+  virtual const char* TypeName() const = 0;
+};
+
+}  // namespace kvq

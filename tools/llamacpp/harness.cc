@@ -33,7 +33,6 @@ int Usage() {
 
 llama_model* LoadModel(const char* path) {
   llama_model_params params = llama_model_default_params();
-  params.use_mmap = true;
   llama_model* model = llama_model_load_from_file(path, params);
   if (model == nullptr) std::fprintf(stderr, "harness: llama.cpp failed to load %s\n", path);
   return model;

@@ -14,5 +14,6 @@ struct CommandContext {
 void RegisterInfoCommand(CLI::App& app, CommandContext& ctx);
 void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);
+void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   kvq::RegisterInfoCommand(app, ctx);
   kvq::RegisterTokenizeCommand(app, ctx);
   kvq::RegisterSynthCommand(app, ctx);
+  kvq::RegisterGenerateCommand(app, ctx);
   CLI11_PARSE(app, argc, argv);
   return ctx.exit_code;
 }

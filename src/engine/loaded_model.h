@@ -1,0 +1,23 @@
+// A model ready to run: transformer + tokenizer, loaded from a GGUF file or a
+// Hugging Face folder (or the shipped default when no path is given).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+namespace kvq {
+
+struct LoadedModel {
+  std::string path;
+  std::unique_ptr<Transformer> transformer;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// Empty `path` means the default model (engine/default_model.h).
+StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads);
+
+}  // namespace kvq

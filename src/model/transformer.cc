@@ -1,0 +1,231 @@
+#include "model/transformer.h"
+
+#include <cmath>
+#include <string>
+
+#include "ops/elementwise.h"
+#include "ops/matvec.h"
+#include "ops/rope.h"
+
+namespace kvq {
+namespace {
+
+ops::WeightType ToWeightType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return ops::WeightType::kF32;
+    case DType::kF16: return ops::WeightType::kF16;
+    case DType::kBF16: return ops::WeightType::kBF16;
+    case DType::kQ8_0: return ops::WeightType::kQ8_0;
+  }
+  return ops::WeightType::kF32;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Binds a 2-D tensor [rows, cols] as a weight view, checking its shape.
+StatusOr<ops::WeightView> BindMatrix(const ModelFiles& files, const std::string& name,
+                                     int64_t rows, int64_t cols) {
+  const TensorRef* t = files.Find(name);
+  if (t == nullptr) return Status::Error("missing tensor '" + name + "'");
+  if (t->shape != std::vector<int64_t>{rows, cols}) {
+    return Status::Error("tensor '" + name + "' has shape " + ShapeString(t->shape) +
+                         ", the config implies " + ShapeString({rows, cols}));
+  }
+  ops::WeightView view{ToWeightType(t->dtype), rows, cols, t->data};
+  KVQ_RETURN_IF_ERROR(ops::ValidateWeightView(view).WithContext("tensor '" + name + "'"));
+  return view;
+}
+
+// Decodes a 1-D tensor of `size` values to f32; absent optional tensors give
+// an empty vector.
+StatusOr<std::vector<float>> LoadVector(const ModelFiles& files, const std::string& name,
+                                        int64_t size, bool required) {
+  const TensorRef* t = files.Find(name);
+  if (t == nullptr) {
+    if (required) return Status::Error("missing tensor '" + name + "'");
+    return std::vector<float>();
+  }
+  if (t->shape != std::vector<int64_t>{size}) {
+    return Status::Error("tensor '" + name + "' has shape " + ShapeString(t->shape) +
+                         ", the config implies " + ShapeString({size}));
+  }
+  ops::WeightView row{ToWeightType(t->dtype), 1, size, t->data};
+  KVQ_RETURN_IF_ERROR(ops::ValidateWeightView(row).WithContext("tensor '" + name + "'"));
+  std::vector<float> values(static_cast<size_t>(size));
+  ops::DequantizeRows(row, 0, 1, values.data());
+  return values;
+}
+
+void AddInPlace(const float* y, int64_t count, float* x) {
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int num_threads) {
+  std::unique_ptr<Transformer> model(new Transformer());
+  model->files_ = std::move(files);
+  model->num_threads_ = num_threads < 1 ? 1 : num_threads;
+  const ModelConfig& c = model->files_.config;
+  const ModelFiles& f = model->files_;
+  if (c.num_heads <= 0 || c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0) {
+    return Status::Error("num_attention_heads (" + std::to_string(c.num_heads) +
+                         ") must be a positive multiple of num_key_value_heads (" +
+                         std::to_string(c.num_kv_heads) + ")");
+  }
+  const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim,
+                kv_dim = c.num_kv_heads * c.head_dim, ffn = c.intermediate_size;
+  TransformerWeights& w = model->weights_;
+  KVQ_ASSIGN_OR_RETURN(w.token_embd, BindMatrix(f, "token_embd.weight", c.vocab_size, hidden));
+  if (f.Find("output.weight") != nullptr) {
+    KVQ_ASSIGN_OR_RETURN(w.output, BindMatrix(f, "output.weight", c.vocab_size, hidden));
+  } else {
+    w.output = w.token_embd;  // tied embeddings
+  }
+  KVQ_ASSIGN_OR_RETURN(w.output_norm, LoadVector(f, "output_norm.weight", hidden, true));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights layer;
+    KVQ_ASSIGN_OR_RETURN(layer.attn_q, BindMatrix(f, p + "attn_q.weight", q_dim, hidden));
+    KVQ_ASSIGN_OR_RETURN(layer.attn_k, BindMatrix(f, p + "attn_k.weight", kv_dim, hidden));
+    KVQ_ASSIGN_OR_RETURN(layer.attn_v, BindMatrix(f, p + "attn_v.weight", kv_dim, hidden));
+    KVQ_ASSIGN_OR_RETURN(layer.attn_output, BindMatrix(f, p + "attn_output.weight", hidden, q_dim));
+    KVQ_ASSIGN_OR_RETURN(layer.ffn_gate, BindMatrix(f, p + "ffn_gate.weight", ffn, hidden));
+    KVQ_ASSIGN_OR_RETURN(layer.ffn_up, BindMatrix(f, p + "ffn_up.weight", ffn, hidden));
+    KVQ_ASSIGN_OR_RETURN(layer.ffn_down, BindMatrix(f, p + "ffn_down.weight", hidden, ffn));
+    KVQ_ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(f, p + "attn_norm.weight", hidden, true));
+    KVQ_ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(f, p + "ffn_norm.weight", hidden, true));
+    KVQ_ASSIGN_OR_RETURN(layer.q_bias, LoadVector(f, p + "attn_q.bias", q_dim, c.attention_bias));
+    KVQ_ASSIGN_OR_RETURN(layer.k_bias, LoadVector(f, p + "attn_k.bias", kv_dim, c.attention_bias));
+    KVQ_ASSIGN_OR_RETURN(layer.v_bias, LoadVector(f, p + "attn_v.bias", kv_dim, c.attention_bias));
+    w.layers.push_back(std::move(layer));
+  }
+  ops::RopeScaling scaling;
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    scaling.kind = ops::RopeScaling::Kind::kLlama3;
+    scaling.factor = static_cast<float>(c.rope_scaling.factor);
+    scaling.low_freq_factor = static_cast<float>(c.rope_scaling.low_freq_factor);
+    scaling.high_freq_factor = static_cast<float>(c.rope_scaling.high_freq_factor);
+    scaling.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  }
+  KVQ_ASSIGN_OR_RETURN(model->inv_freq_,
+                       ops::RopeInvFreq(c.head_dim, static_cast<float>(c.rope_theta), scaling));
+  model->rope_layout_ =
+      c.rope_layout == RopeLayout::kPairs ? ops::RopeLayout::kPairs : ops::RopeLayout::kHalves;
+  return model;
+}
+
+KvShape Transformer::kv_shape() const {
+  const ModelConfig& c = config();
+  return KvShape{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
+}
+
+int64_t Transformer::WeightBytesPerToken() const {
+  int64_t bytes = weights_.output.bytes();
+  for (const LayerWeights& l : weights_.layers) {
+    for (const ops::WeightView* w : {&l.attn_q, &l.attn_k, &l.attn_v, &l.attn_output,
+                                     &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+      bytes += w->bytes();
+    }
+  }
+  return bytes;
+}
+
+Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& cache,
+                            std::vector<float>* logits, const KvObserver* observer) {
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size, head_dim = c.head_dim, ffn = c.intermediate_size;
+  const int64_t q_dim = c.num_heads * head_dim, kv_dim = c.num_kv_heads * head_dim;
+
+  // Flatten the batch: token t of the whole batch has id tokens[t] at
+  // position positions[t] of its own sequence.
+  std::vector<int32_t> tokens, positions;
+  std::vector<int64_t> output_rows;  // batch token indices whose logits are returned
+  for (const BatchSequence& s : batch) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (n == 0) return Status::Error("sequence " + std::to_string(s.seq) + " has no tokens");
+    if (n > cache.Capacity(s.seq)) {
+      return Status::Error("sequence " + std::to_string(s.seq) + ": " + std::to_string(n) +
+                           " tokens do not fit in the remaining context of " +
+                           std::to_string(cache.Capacity(s.seq)) + " tokens");
+    }
+    const int64_t start = cache.Length(s.seq, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t id = s.tokens[j];
+      if (id < 0 || id >= c.vocab_size) {
+        return Status::Error("token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+      }
+      if (s.all_logits || j == n - 1) output_rows.push_back(static_cast<int64_t>(tokens.size()));
+      tokens.push_back(id);
+      positions.push_back(static_cast<int32_t>(start + j));
+    }
+  }
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+
+  std::vector<float> x(T * hidden);       // [T, hidden] residual stream
+  std::vector<float> xn(T * hidden);      // [T, hidden] normed input / sublayer output
+  std::vector<float> q(T * q_dim);        // [T, num_heads, head_dim]
+  std::vector<float> k_pre(T * kv_dim);   // [T, num_kv_heads, head_dim] before RoPE
+  std::vector<float> k(T * kv_dim);       // [T, num_kv_heads, head_dim] after RoPE
+  std::vector<float> v(T * kv_dim);       // [T, num_kv_heads, head_dim]
+  std::vector<float> attn(T * q_dim);     // [T, num_heads, head_dim]
+  std::vector<float> gate(T * ffn);       // [T, intermediate]
+  std::vector<float> up(T * ffn);         // [T, intermediate]
+
+  ops::Embed(weights_.token_embd, tokens.data(), T, x.data());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    // Attention block: x += Wo · Attention(RoPE(Wq·norm(x)), RoPE(Wk·norm(x)), Wv·norm(x))
+    ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
+    ops::Matmul(w.attn_q, xn.data(), T, q.data(), num_threads_, &workspace_);
+    ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), num_threads_, &workspace_);
+    ops::Matmul(w.attn_v, xn.data(), T, v.data(), num_threads_, &workspace_);
+    if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
+    if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
+    if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
+    k = k_pre;
+    ops::Rope(rope_layout_, inv_freq_.data(), positions.data(), T, c.num_heads, head_dim, q.data());
+    ops::Rope(rope_layout_, inv_freq_.data(), positions.data(), T, c.num_kv_heads, head_dim,
+              k.data());
+    int64_t offset = 0;  // first batch token of the current sequence
+    for (const BatchSequence& s : batch) {
+      const int64_t n = static_cast<int64_t>(s.tokens.size());
+      const float* ks_pre = k_pre.data() + offset * kv_dim;
+      const float* ks = k.data() + offset * kv_dim;
+      const float* vs = v.data() + offset * kv_dim;
+      if (observer != nullptr && observer->on_kv) observer->on_kv(s.seq, l, n, ks_pre, ks, vs);
+      KVQ_RETURN_IF_ERROR(cache.Append(s.seq, l, n, ks_pre, ks, vs));
+      cache.Attend(s.seq, l, n, q.data() + offset * q_dim, scale, attn.data() + offset * q_dim);
+      offset += n;
+    }
+    ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_);
+    AddInPlace(xn.data(), T * hidden, x.data());
+
+    // Feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
+    ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
+    ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), num_threads_, &workspace_);
+    ops::Matmul(w.ffn_up, xn.data(), T, up.data(), num_threads_, &workspace_);
+    ops::SwiGlu(gate.data(), up.data(), T * ffn, gate.data());
+    ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), num_threads_, &workspace_);
+    AddInPlace(xn.data(), T * hidden, x.data());
+  }
+
+  // Only the rows whose logits are wanted go through the final norm and head.
+  const int64_t R = static_cast<int64_t>(output_rows.size());
+  std::vector<float> rows(R * hidden);  // [R, hidden]
+  for (int64_t r = 0; r < R; ++r) {
+    std::copy_n(x.data() + output_rows[r] * hidden, hidden, rows.data() + r * hidden);
+  }
+  ops::RmsNorm(rows.data(), weights_.output_norm.data(), R, hidden, c.rms_norm_eps, rows.data());
+  logits->resize(static_cast<size_t>(R * c.vocab_size));
+  ops::Matmul(weights_.output, rows.data(), R, logits->data(), num_threads_, &workspace_);
+  return Status::Ok();
+}
+
+}  // namespace kvq

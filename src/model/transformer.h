@@ -1,0 +1,86 @@
+// The decoder-only transformer (Qwen2 / Llama): weights bound from a loaded
+// model, and one forward pass over a batch of sequences that continue from
+// whatever the KV cache already holds for them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/kv_cache.h"
+#include "model/model_config.h"
+#include "model/model_files.h"
+#include "ops/matmul.h"
+#include "ops/rope.h"
+#include "ops/weights.h"
+
+namespace kvq {
+
+struct LayerWeights {
+  ops::WeightView attn_q;       // [num_heads * head_dim, hidden]
+  ops::WeightView attn_k;       // [num_kv_heads * head_dim, hidden]
+  ops::WeightView attn_v;       // [num_kv_heads * head_dim, hidden]
+  ops::WeightView attn_output;  // [hidden, num_heads * head_dim]
+  ops::WeightView ffn_gate;     // [intermediate, hidden]
+  ops::WeightView ffn_up;       // [intermediate, hidden]
+  ops::WeightView ffn_down;     // [hidden, intermediate]
+  // Small vectors are decoded to f32 once at load (a few KB per layer).
+  std::vector<float> attn_norm;  // [hidden]
+  std::vector<float> ffn_norm;   // [hidden]
+  std::vector<float> q_bias;     // [num_heads * head_dim], empty without bias
+  std::vector<float> k_bias;     // [num_kv_heads * head_dim], empty without bias
+  std::vector<float> v_bias;     // [num_kv_heads * head_dim], empty without bias
+};
+
+struct TransformerWeights {
+  ops::WeightView token_embd;  // [vocab, hidden]
+  ops::WeightView output;      // [vocab, hidden]; token_embd when tied
+  std::vector<float> output_norm;  // [hidden]
+  std::vector<LayerWeights> layers;
+};
+
+// One sequence's share of a forward batch.
+struct BatchSequence {
+  SeqId seq = 0;
+  std::vector<int32_t> tokens;  // continue the sequence from its cached length
+  bool all_logits = false;      // logits for every token, else only the last
+};
+
+// Called once per layer per sequence with what the cache receives, so tools
+// can capture real K/V. Shapes: [n, num_kv_heads, head_dim].
+struct KvObserver {
+  std::function<void(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope,
+                     const float* k, const float* v)>
+      on_kv;
+};
+
+class Transformer {
+ public:
+  // Takes ownership of the loaded files (weights are used in place).
+  static StatusOr<std::unique_ptr<Transformer>> Create(ModelFiles files, int num_threads);
+
+  const ModelConfig& config() const { return files_.config; }
+  const ModelFiles& files() const { return files_; }
+  KvShape kv_shape() const;
+  // Bytes of weights one decoded token reads (every matrix once).
+  int64_t WeightBytesPerToken() const;
+
+  // Runs every token of `batch` through the model. For each sequence, the
+  // tokens continue at position cache.Length(seq). logits: [rows, vocab],
+  // rows in batch order (all tokens or the last one of each sequence).
+  Status Forward(const std::vector<BatchSequence>& batch, KvCache& cache,
+                 std::vector<float>* logits, const KvObserver* observer = nullptr);
+
+ private:
+  Transformer() = default;
+  ModelFiles files_;
+  TransformerWeights weights_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  ops::RopeLayout rope_layout_ = ops::RopeLayout::kHalves;
+  int num_threads_ = 1;
+  ops::MatmulWorkspace workspace_;
+};
+
+}  // namespace kvq

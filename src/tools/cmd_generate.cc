@@ -1,0 +1,109 @@
+// kvq generate: stream a completion and report speed and memory figures.
+#include <cstdio>
+#include <string>
+
+#include "base/threads.h"
+#include "engine/generate.h"
+#include "engine/loaded_model.h"
+#include "kv/dense_cache.h"
+#include "tools/commands.h"
+
+namespace kvq {
+namespace {
+
+struct GenerateFlags {
+  std::string model;
+  std::string prompt;
+  int64_t max_new_tokens = 64;
+  float temperature = 0.0f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  uint64_t seed = 0;
+  bool chat = false;
+  int threads = 0;
+  int64_t context = 0;
+  std::string kv_cache_dtype = "f16";
+};
+
+int RunGenerate(const GenerateFlags& flags) {
+  const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
+  auto loaded = LoadModel(flags.model, threads);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", loaded.status().message().c_str());
+    return 1;
+  }
+  const ModelConfig& config = loaded->transformer->config();
+  auto kv_type = ParseDenseKvType(flags.kv_cache_dtype);
+  if (!kv_type.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", kv_type.status().message().c_str());
+    return 1;
+  }
+  const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
+  auto cache = MakeDenseKvCache(loaded->transformer->kv_shape(), *kv_type, context);
+
+  GenerateOptions options;
+  options.max_new_tokens = flags.max_new_tokens;
+  options.chat = flags.chat;
+  options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  GenerateStats stats;
+  if (!flags.chat) std::fputs(flags.prompt.c_str(), stdout);
+  Status status = Generate(*loaded, *cache, flags.prompt, options,
+                           [](std::string_view text) {
+                             std::fwrite(text.data(), 1, text.size(), stdout);
+                             std::fflush(stdout);
+                           },
+                           &stats);
+  std::fputs("\n", stdout);
+  if (!status.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", status.message().c_str());
+    return 1;
+  }
+  const double decode_steps = static_cast<double>(std::max<int64_t>(stats.generated_tokens - 1, 0));
+  const double decode_tps = stats.decode_seconds > 0 ? decode_steps / stats.decode_seconds : 0;
+  const double bytes_per_token = stats.weight_bytes_per_token + stats.kv_bytes_per_token;
+  std::fprintf(stderr,
+               "\nkvq generate: %s, %d threads, KV cache %s\n"
+               "  prefill: %lld tokens in %.3f s (%.1f tokens/s)\n"
+               "  decode:  %lld tokens in %.3f s (%.1f tokens/s), stop: %s\n"
+               "  bytes read per decoded token: %.2f MB (weights %.2f MB + KV %.3f MB)"
+               " -> %.2f GB/s\n"
+               "  KV cache at end: %.3f MB; peak RSS: %.1f MB\n",
+               loaded->path.c_str(), threads, cache->TypeName(),
+               static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds,
+               stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
+               static_cast<long long>(stats.generated_tokens), stats.decode_seconds, decode_tps,
+               stats.stop_reason.c_str(), bytes_per_token / 1e6,
+               stats.weight_bytes_per_token / 1e6, stats.kv_bytes_per_token / 1e6,
+               bytes_per_token * decode_tps / 1e9, stats.kv_bytes_final / 1e6,
+               stats.peak_rss_bytes / 1e6);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<GenerateFlags>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt");
+  cmd->add_option("-m,--model", flags->model,
+                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  cmd->add_option("-p,--prompt", flags->prompt, "Prompt text")->required();
+  cmd->add_option("-n,--max-tokens", flags->max_new_tokens, "Tokens to generate (default 64)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--temp", flags->temperature, "Sampling temperature; 0 = greedy (default 0)")
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", flags->top_k, "Keep the k most likely tokens; 0 = all (default 40)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", flags->top_p, "Nucleus probability mass (default 0.95)")
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--seed", flags->seed, "Sampling seed (default 0)");
+  cmd->add_flag("--chat", flags->chat, "Apply the model's chat template to the prompt");
+  cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-c,--ctx", flags->context,
+                  "Context length in tokens (default: the model's max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype, "KV cache type: f32, f16 (default f16)");
+  cmd->callback([flags, &ctx] { ctx.exit_code = RunGenerate(*flags); });
+}
+
+}  // namespace kvq

@@ -15,5 +15,6 @@ void RegisterInfoCommand(CLI::App& app, CommandContext& ctx);
 void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);
 void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx);
+void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   kvq::RegisterTokenizeCommand(app, ctx);
   kvq::RegisterSynthCommand(app, ctx);
   kvq::RegisterGenerateCommand(app, ctx);
+  kvq::RegisterBenchCommand(app, ctx);
   CLI11_PARSE(app, argc, argv);
   return ctx.exit_code;
 }

@@ -1,0 +1,101 @@
+// kvq bench: llama-bench-style throughput table (pp = prefill, tg = decode).
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/threads.h"
+#include "engine/bench.h"
+#include "engine/loaded_model.h"
+#include "kv/dense_cache.h"
+#include "model/model_files.h"
+#include "tools/commands.h"
+
+namespace kvq {
+namespace {
+
+struct BenchFlags {
+  std::string model;
+  std::vector<int64_t> prompt_tokens{512};
+  std::vector<int64_t> gen_tokens{128};
+  std::vector<int64_t> depths{0};
+  int repetitions = 5;
+  int threads = 0;
+  std::string kv_cache_dtype = "f16";
+};
+
+int RunBenchCommand(const BenchFlags& flags) {
+  const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
+  auto loaded = LoadModel(flags.model, threads);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "kvq bench: %s\n", loaded.status().message().c_str());
+    return 1;
+  }
+  auto kv_type = ParseDenseKvType(flags.kv_cache_dtype);
+  if (!kv_type.ok()) {
+    std::fprintf(stderr, "kvq bench: %s\n", kv_type.status().message().c_str());
+    return 1;
+  }
+  Transformer& model = *loaded->transformer;
+  int64_t max_context = 0;
+  for (int64_t d : flags.depths) {
+    for (int64_t n : flags.prompt_tokens) max_context = std::max(max_context, d + n);
+    for (int64_t n : flags.gen_tokens) max_context = std::max(max_context, d + n);
+  }
+  const KvShape shape = model.kv_shape();
+  const CacheFactory make_cache = [&] { return MakeDenseKvCache(shape, *kv_type, max_context); };
+
+  const double size_gib = static_cast<double>(model.WeightBytesPerToken()) / (1 << 30);
+  const double params_b = static_cast<double>(CountParameters(model.files().tensors)) / 1e9;
+  std::printf("| model | size | params | backend | threads | type_kv | test | t/s |\n");
+  std::printf("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |\n");
+  std::vector<BenchTest> tests;
+  for (int64_t d : flags.depths) {
+    for (int64_t n : flags.prompt_tokens) {
+      if (n > 0) tests.push_back({BenchTest::Kind::kPrefill, n, d});
+    }
+    for (int64_t n : flags.gen_tokens) {
+      if (n > 0) tests.push_back({BenchTest::Kind::kGenerate, n, d});
+    }
+  }
+  for (const BenchTest& test : tests) {
+    auto result = RunBench(model, make_cache, test, flags.repetitions);
+    if (!result.ok()) {
+      std::fprintf(stderr, "kvq bench: %s: %s\n", test.Name().c_str(),
+                   result.status().message().c_str());
+      return 1;
+    }
+    std::printf("| %s %s | %.2f GiB | %.2f B | kvq CPU | %d | %s | %s | %.2f ± %.2f |\n",
+                ArchitectureName(model.config().arch), model.files().source.c_str(), size_gib,
+                params_b, threads, flags.kv_cache_dtype.c_str(), test.Name().c_str(),
+                result->Mean(), result->StdDev());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "Prefill/decode throughput, llama-bench style");
+  cmd->add_option("-m,--model", flags->model,
+                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  cmd->add_option("-p,--n-prompt", flags->prompt_tokens,
+                  "Prefill test sizes in tokens, comma-separated (default 512)")
+      ->delimiter(',');
+  cmd->add_option("-n,--n-gen", flags->gen_tokens,
+                  "Decode test sizes in tokens, comma-separated (default 128)")
+      ->delimiter(',');
+  cmd->add_option("-d,--depth", flags->depths,
+                  "Tokens already in the cache before each test, comma-separated (default 0)")
+      ->delimiter(',');
+  cmd->add_option("-r,--repetitions", flags->repetitions, "Timed runs per test (default 5)")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype, "KV cache type: f32, f16 (default f16)");
+  cmd->callback([flags, &ctx] { ctx.exit_code = RunBenchCommand(*flags); });
+}
+
+}  // namespace kvq

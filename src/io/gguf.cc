@@ -151,43 +151,43 @@ Status ReadValue(Reader& r, GgufType type, int depth, const std::string& what, G
   out->type = type;
   switch (type) {
     case GgufType::kUint8: {
-      uint8_t v;
+      uint8_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_uint = v;
       return Status::Ok();
     }
     case GgufType::kBool: {
-      uint8_t v;
+      uint8_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_uint = v != 0;
       return Status::Ok();
     }
     case GgufType::kInt8: {
-      int8_t v;
+      int8_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_int = v;
       return Status::Ok();
     }
     case GgufType::kUint16: {
-      uint16_t v;
+      uint16_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_uint = v;
       return Status::Ok();
     }
     case GgufType::kInt16: {
-      int16_t v;
+      int16_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_int = v;
       return Status::Ok();
     }
     case GgufType::kUint32: {
-      uint32_t v;
+      uint32_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_uint = v;
       return Status::Ok();
     }
     case GgufType::kInt32: {
-      int32_t v;
+      int32_t v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_int = v;
       return Status::Ok();
@@ -195,7 +195,7 @@ Status ReadValue(Reader& r, GgufType type, int depth, const std::string& what, G
     case GgufType::kUint64: return r.Read(&out->as_uint, what);
     case GgufType::kInt64: return r.Read(&out->as_int, what);
     case GgufType::kFloat32: {
-      float v;
+      float v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_float = v;
       return Status::Ok();
@@ -673,6 +673,17 @@ void GgufWriter::SetValue(std::string key, GgufValue value) {
 
 Status GgufWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
                              const void* data, size_t nbytes) {
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d <= 0 || __builtin_mul_overflow(count, d, &count)) {
+      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
+    }
+  }
+  if (DTypeBytes(dtype, count) != nbytes) {
+    return Status::Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes given, " +
+                         DTypeName(dtype) + " " + ShapeString(shape) + " needs " +
+                         std::to_string(DTypeBytes(dtype, count)));
+  }
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
   return AddTensorFn(std::move(name), dtype, std::move(shape),
                      [copy = std::vector<uint8_t>(bytes, bytes + nbytes)](uint8_t* out) {

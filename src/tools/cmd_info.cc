@@ -1,10 +1,137 @@
-// Placeholder until the command lands; replace this whole file.
+// kvq info: what a model file is — architecture, shapes, dtypes, parameter
+// count, KV-cache bytes per token, tokenizer.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "model/model_files.h"
+#include "model/tokenizer_spec.h"
 #include "tools/commands.h"
 
 namespace kvq {
+namespace {
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string TokenLabel(const TokenizerSpec& t, int32_t id) {
+  if (id < 0 || static_cast<size_t>(id) >= t.tokens.size()) return "none";
+  return std::to_string(id) + " '" + t.tokens[id] + "'";
+}
+
+void PrintTokenizer(const TokenizerSpec& t) {
+  std::printf("tokenizer:    %s BPE, pre-tokenizer '%s', %zu tokens, %zu merges\n",
+              t.model.c_str(), t.pre.empty() ? "from tokenizer.json" : t.pre.c_str(),
+              t.tokens.size(), t.merges.size());
+  std::printf("              bos %s, eos %s%s, chat template %s\n", TokenLabel(t, t.bos_id).c_str(),
+              TokenLabel(t, t.eos_id).c_str(), t.add_bos ? " (bos added)" : "",
+              t.chat_template.empty() ? "none" : "present");
+}
+
+// A GGUF without tensors (llama.cpp's ggml-vocab-*.gguf): say so and show
+// what it does hold.
+Status InfoVocabOnly(const std::string& path) {
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+  std::printf("model:        %s (GGUF v%u)\n", path.c_str(), gguf->version());
+  std::printf("note:         no tensors: vocabulary-only file\n");
+  if (auto arch = gguf->GetString("general.architecture"); arch.ok()) {
+    std::printf("architecture: %s\n", arch->c_str());
+  }
+  std::printf("metadata:     %zu keys\n", gguf->metadata().size());
+  KVQ_ASSIGN_OR_RETURN(TokenizerSpec spec, TokenizerSpecFromGguf(*gguf));
+  PrintTokenizer(spec);
+  return Status::Ok();
+}
+
+Status RunInfo(const std::string& path) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+    KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+    if (gguf->tensors().empty()) return InfoVocabOnly(path);
+  }
+  KVQ_ASSIGN_OR_RETURN(ModelFiles m, OpenModel(path));
+  const ModelConfig& c = m.config;
+  std::printf("model:        %s (%s)\n", path.c_str(), ModelFormatName(m.format));
+  std::printf("architecture: %s\n", ArchitectureName(c.arch));
+  std::printf("layers:       %lld, hidden %lld, ffn %lld\n", (long long)c.num_layers,
+              (long long)c.hidden_size, (long long)c.intermediate_size);
+  std::printf("attention:    %lld heads, %lld kv heads (%lld:1), head_dim %lld, q/k/v bias %s\n",
+              (long long)c.num_heads, (long long)c.num_kv_heads,
+              (long long)(c.num_heads / c.num_kv_heads), (long long)c.head_dim,
+              c.attention_bias ? "yes" : "no");
+  std::printf("rope:         theta %g, %s layout", c.rope_theta,
+              c.rope_layout == RopeLayout::kHalves ? "halves" : "pairs");
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    std::printf(", llama3 scaling factor %g (low %g, high %g, original context %lld)",
+                c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
+                c.rope_scaling.high_freq_factor,
+                (long long)c.rope_scaling.original_max_position_embeddings);
+  }
+  std::printf("\n");
+  std::printf("norm:         RMSNorm eps %g\n", c.rms_norm_eps);
+  std::printf("vocab:        %lld, %s\n", (long long)c.vocab_size,
+              c.tie_word_embeddings ? "tied embeddings" : "separate output matrix");
+  std::printf("context:      %lld tokens (trained)\n", (long long)c.max_position_embeddings);
+
+  std::map<std::string, int> per_dtype;
+  double bytes = 0;
+  for (const TensorRef& t : m.tensors) {
+    ++per_dtype[DTypeName(t.dtype)];
+    bytes += static_cast<double>(t.nbytes);
+  }
+  std::string dtypes;
+  for (const auto& [name, n] : per_dtype) {
+    dtypes += (dtypes.empty() ? "" : ", ") + name + " x" + std::to_string(n);
+  }
+  const int64_t params = CountParameters(m.tensors);
+  char count[32];
+  if (params >= 1000000000) std::snprintf(count, sizeof(count), "%.2fB", params / 1e9);
+  else if (params >= 1000000) std::snprintf(count, sizeof(count), "%.2fM", params / 1e6);
+  else std::snprintf(count, sizeof(count), "%lld", (long long)params);
+  std::printf("parameters:   %s in %zu tensors (%s), %s\n", count, m.tensors.size(),
+              dtypes.c_str(), Bytes(bytes).c_str());
+
+  const int64_t kv = c.KvBytesPerTokenF16();
+  std::printf("KV cache f16: %lld bytes/token (%s)", (long long)kv, Bytes(kv).c_str());
+  // A few common context lengths up to the trained one, then the trained one.
+  std::vector<int64_t> contexts;
+  for (int64_t ctx : {int64_t{4096}, int64_t{32768}}) {
+    if (ctx < c.max_position_embeddings) contexts.push_back(ctx);
+  }
+  contexts.push_back(c.max_position_embeddings);
+  for (int64_t ctx : contexts) {
+    std::printf("; %lld tokens: %s", (long long)ctx, Bytes(static_cast<double>(kv) * ctx).c_str());
+  }
+  std::printf("\n");
+  PrintTokenizer(m.tokenizer);
+  return Status::Ok();
+}
+
+}  // namespace
 
 void RegisterInfoCommand(CLI::App& app, CommandContext& ctx) {
-  app.add_subcommand("info", "(not implemented yet)")->callback([&ctx] { ctx.exit_code = 2; });
+  auto path = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand(
+      "info", "Show a model's architecture, shapes, dtypes, parameter count and KV bytes/token");
+  cmd->add_option("model", *path, "A .gguf file or a Hugging Face folder")->required();
+  cmd->callback([&ctx, path] {
+    Status st = RunInfo(*path);
+    if (!st.ok()) {
+      std::fprintf(stderr, "kvq info: %s\n", st.message().c_str());
+      ctx.exit_code = 1;
+    }
+  });
 }
 
 }  // namespace kvq

@@ -11,7 +11,8 @@ line) to OUT/metrics.jsonl for the loss curve.
 Stopping: after --max-steps, or earlier at --deadline (UTC "YYYY-mm-ddTHH:MM")
 or --time-budget seconds.  With --fit-deadline the cosine schedule is shortened
 (never lengthened) so that it completes by the deadline at the measured speed;
-the effective max_steps is stored in the checkpoint and printed.
+each change is logged as "fit-deadline: max_steps A -> B at step S" and can be
+replayed exactly with --max-steps-at S:B,... (what the model card's command does).
 
 Usage: /usr/bin/python3 tools/train/train.py --data .deps/corpus --out /var/cache/kvq/train/run
 """
@@ -53,6 +54,8 @@ def get_args(argv=None):
     ap.add_argument("--deadline", default="", help="UTC 'YYYY-mm-ddTHH:MM': stop (and checkpoint) by then")
     ap.add_argument("--time-budget", type=float, default=0, help="seconds from start of this process")
     ap.add_argument("--fit-deadline", action="store_true", help="shorten the schedule to finish by the deadline")
+    ap.add_argument("--max-steps-at", default="",
+                    help="replay schedule changes of a --fit-deadline run: 'STEP:MAX_STEPS,...'")
     ap.add_argument("--ckpt-every", type=float, default=600, help="seconds between checkpoints")
     ap.add_argument("--eval-every", type=int, default=100, help="steps between validation evals")
     ap.add_argument("--eval-tokens", type=int, default=32768)
@@ -163,6 +166,7 @@ def main():
         deadline = min(deadline or float("inf"), start + a.time_budget)
     last_ckpt = time.time()
     step_times = []
+    replay = dict(tuple(map(int, kv.split(":"))) for kv in a.max_steps_at.split(",") if kv)
     model.train()
     while step < max_steps:
         t0 = time.time()
@@ -192,12 +196,15 @@ def main():
         metrics_f.flush()
 
         now = time.time()
+        if step in replay:
+            log(f"replay: max_steps {max_steps} -> {replay[step]} at step {step}")
+            max_steps = replay[step]
         if deadline and a.fit_deadline and len(step_times) >= 10 and step % 10 == 0:
             # Shorten the schedule so it completes by the deadline (keep 3 min for the final save/eval).
             per_step = sum(step_times[-50:]) / len(step_times[-50:])
             fit = step + int((deadline - now - 180) / per_step)
             if fit < max_steps:
-                log(f"fit-deadline: max_steps {max_steps} -> {max(step, fit)}")
+                log(f"fit-deadline: max_steps {max_steps} -> {max(step, fit)} at step {step}")
                 max_steps = max(step, fit)
         if step % a.eval_every == 0 or step == max_steps:
             vl = evaluate(model, valid, a.seq, a.eval_tokens, a.batch)

@@ -1,12 +1,11 @@
-// GGUF reader and writer. The reader trusts nothing in the file: every length,
-// count and offset is checked against the bytes that remain before it is used,
-// with overflow-safe arithmetic, so a corrupt or hostile file yields a Status
-// naming the problem instead of an out-of-bounds read or a huge allocation.
+// GGUF reader (the writer is in gguf_writer.cc). The reader trusts nothing in the file: every
+// length, count and offset is checked against the bytes that remain before it is used, with
+// overflow-safe arithmetic, so a corrupt or hostile file yields a Status naming the problem instead
+// of an out-of-bounds read or a huge allocation.
 #include "io/gguf.h"
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <unordered_set>
 
@@ -21,34 +20,32 @@ constexpr int kMaxArrayDepth = 16;
 // ggml's tensor type ids (ggml.h), used only to name unsupported types.
 const char* GgmlTypeName(uint32_t type) {
   static constexpr const char* kNames[] = {
-      "F32",  "F16",     "Q4_0",   "Q4_1",    "Q4_2",  "Q4_3",   "Q5_0",  "Q5_1",
-      "Q8_0", "Q8_1",    "Q2_K",   "Q3_K",    "Q4_K",  "Q5_K",   "Q6_K",  "Q8_K",
-      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
-      "I8",   "I16",     "I32",    "I64",     "F64",   "IQ1_M",  "BF16",  nullptr,
-      nullptr, nullptr,  "TQ1_0",  "TQ2_0",   nullptr, nullptr,  nullptr, "MXFP4",
-      "NVFP4"};
+      "F32",     "F16",   "Q4_0",   "Q4_1",  "Q4_2",  "Q4_3",   "Q5_0",  "Q5_1",    "Q8_0",
+      "Q8_1",    "Q2_K",  "Q3_K",   "Q4_K",  "Q5_K",  "Q6_K",   "Q8_K",  "IQ2_XXS", "IQ2_XS",
+      "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",    "I16",     "I32",
+      "I64",     "F64",   "IQ1_M",  "BF16",  nullptr, nullptr,  nullptr, "TQ1_0",   "TQ2_0",
+      nullptr,   nullptr, nullptr,  "MXFP4", "NVFP4"};
   if (type < std::size(kNames)) return kNames[type];
   return nullptr;
 }
 
 bool GgmlToDType(uint32_t type, DType* out) {
   switch (type) {
-    case 0: *out = DType::kF32; return true;
-    case 1: *out = DType::kF16; return true;
-    case 8: *out = DType::kQ8_0; return true;
-    case 30: *out = DType::kBF16; return true;
-    default: return false;
+    case 0:
+      *out = DType::kF32;
+      return true;
+    case 1:
+      *out = DType::kF16;
+      return true;
+    case 8:
+      *out = DType::kQ8_0;
+      return true;
+    case 30:
+      *out = DType::kBF16;
+      return true;
+    default:
+      return false;
   }
-}
-
-uint32_t DTypeToGgml(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return 0;
-    case DType::kF16: return 1;
-    case DType::kQ8_0: return 8;
-    case DType::kBF16: return 30;
-  }
-  return 0;
 }
 
 bool IsValidType(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kFloat64); }
@@ -59,17 +56,22 @@ size_t MinEncodedSize(GgufType type) {
   switch (type) {
     case GgufType::kUint8:
     case GgufType::kInt8:
-    case GgufType::kBool: return 1;
+    case GgufType::kBool:
+      return 1;
     case GgufType::kUint16:
-    case GgufType::kInt16: return 2;
+    case GgufType::kInt16:
+      return 2;
     case GgufType::kUint32:
     case GgufType::kInt32:
-    case GgufType::kFloat32: return 4;
+    case GgufType::kFloat32:
+      return 4;
     case GgufType::kUint64:
     case GgufType::kInt64:
     case GgufType::kFloat64:
-    case GgufType::kString: return 8;
-    case GgufType::kArray: return 12;  // element type + count
+    case GgufType::kString:
+      return 8;
+    case GgufType::kArray:
+      return 12;  // element type + count
   }
   return 1;
 }
@@ -102,8 +104,8 @@ class Reader {
     uint64_t len = 0;
     KVQ_RETURN_IF_ERROR(Read(&len, what + " length"));
     if (len > remaining()) {
-      return Status::Error("string length " + std::to_string(len) + " of " + what +
-                           " at offset " + std::to_string(pos_ - 8) + " exceeds the " +
+      return Status::Error("string length " + std::to_string(len) + " of " + what + " at offset " +
+                           std::to_string(pos_ - 8) + " exceeds the " +
                            std::to_string(remaining()) + " bytes that remain");
     }
     out->assign(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
@@ -192,17 +194,22 @@ Status ReadValue(Reader& r, GgufType type, int depth, const std::string& what, G
       out->as_int = v;
       return Status::Ok();
     }
-    case GgufType::kUint64: return r.Read(&out->as_uint, what);
-    case GgufType::kInt64: return r.Read(&out->as_int, what);
+    case GgufType::kUint64:
+      return r.Read(&out->as_uint, what);
+    case GgufType::kInt64:
+      return r.Read(&out->as_int, what);
     case GgufType::kFloat32: {
       float v = 0;
       KVQ_RETURN_IF_ERROR(r.Read(&v, what));
       out->as_float = v;
       return Status::Ok();
     }
-    case GgufType::kFloat64: return r.Read(&out->as_float, what);
-    case GgufType::kString: return r.ReadString(&out->as_string, what);
-    case GgufType::kArray: return ReadArray(r, depth, what, out);
+    case GgufType::kFloat64:
+      return r.Read(&out->as_float, what);
+    case GgufType::kString:
+      return r.ReadString(&out->as_string, what);
+    case GgufType::kArray:
+      return ReadArray(r, depth, what, out);
   }
   return Status::Error(what + ": invalid value type");
 }
@@ -227,44 +234,48 @@ StatusOr<int64_t> AsInt(const GgufValue& v, std::string_view key) {
     }
     return static_cast<int64_t>(v.as_uint);
   }
-  return Status::Error("metadata key '" + std::string(key) + "' has type " +
-                       GgufTypeName(v.type) + ", expected an integer");
+  return Status::Error("metadata key '" + std::string(key) + "' has type " + GgufTypeName(v.type) +
+                       ", expected an integer");
 }
 
 StatusOr<double> AsFloat(const GgufValue& v, std::string_view key) {
   if (IsFloat(v.type)) return v.as_float;
   if (IsSigned(v.type)) return static_cast<double>(v.as_int);
   if (IsUnsigned(v.type)) return static_cast<double>(v.as_uint);
-  return Status::Error("metadata key '" + std::string(key) + "' has type " +
-                       GgufTypeName(v.type) + ", expected a number");
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
+  return Status::Error("metadata key '" + std::string(key) + "' has type " + GgufTypeName(v.type) +
+                       ", expected a number");
 }
 
 }  // namespace
 
 const char* GgufTypeName(GgufType type) {
   switch (type) {
-    case GgufType::kUint8: return "uint8";
-    case GgufType::kInt8: return "int8";
-    case GgufType::kUint16: return "uint16";
-    case GgufType::kInt16: return "int16";
-    case GgufType::kUint32: return "uint32";
-    case GgufType::kInt32: return "int32";
-    case GgufType::kFloat32: return "float32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kUint64: return "uint64";
-    case GgufType::kInt64: return "int64";
-    case GgufType::kFloat64: return "float64";
+    case GgufType::kUint8:
+      return "uint8";
+    case GgufType::kInt8:
+      return "int8";
+    case GgufType::kUint16:
+      return "uint16";
+    case GgufType::kInt16:
+      return "int16";
+    case GgufType::kUint32:
+      return "uint32";
+    case GgufType::kInt32:
+      return "int32";
+    case GgufType::kFloat32:
+      return "float32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kUint64:
+      return "uint64";
+    case GgufType::kInt64:
+      return "int64";
+    case GgufType::kFloat64:
+      return "float64";
   }
   return "?";
 }
@@ -305,9 +316,8 @@ Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
   KVQ_RETURN_IF_ERROR(r.Read(&n_kv, "metadata count"));
   // A key-value pair takes at least 13 bytes (key length, type, one byte).
   if (n_kv > r.remaining() / 13) {
-    return Status::Error("metadata count " + std::to_string(n_kv) +
-                         " is impossible: only " + std::to_string(r.remaining()) +
-                         " bytes remain");
+    return Status::Error("metadata count " + std::to_string(n_kv) + " is impossible: only " +
+                         std::to_string(r.remaining()) + " bytes remain");
   }
   // A tensor info takes at least 24 bytes (name length, n_dims, type, offset).
   if (n_tensors > r.remaining() / 24) {
@@ -516,8 +526,7 @@ StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_view key
 StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(name_, key);
-  if (v->type != GgufType::kArray ||
-      !(IsSigned(v->element_type) || IsUnsigned(v->element_type))) {
+  if (v->type != GgufType::kArray || !(IsSigned(v->element_type) || IsUnsigned(v->element_type))) {
     return WrongType(name_, key, *v, "array of integers");
   }
   std::vector<int64_t> out;
@@ -534,8 +543,7 @@ StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) cons
   const GgufValue* v = Find(key);
   if (!v) return Missing(name_, key);
   if (v->type != GgufType::kArray ||
-      !(IsFloat(v->element_type) || IsSigned(v->element_type) ||
-        IsUnsigned(v->element_type))) {
+      !(IsFloat(v->element_type) || IsSigned(v->element_type) || IsUnsigned(v->element_type))) {
     return WrongType(name_, key, *v, "array of numbers");
   }
   std::vector<double> out;
@@ -546,229 +554,6 @@ StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) cons
     out.push_back(*x);
   }
   return out;
-}
-
-// ---------------------------------------------------------------------------
-// Writer
-
-namespace {
-
-GgufValue Scalar(GgufType type) {
-  GgufValue v;
-  v.type = type;
-  return v;
-}
-
-template <typename T>
-void Put(std::string* out, T value) {
-  out->append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-void PutString(std::string* out, const std::string& s) {
-  Put<uint64_t>(out, s.size());
-  out->append(s);
-}
-
-// Serializes `v`'s payload (not its type tag). Arrays must be homogeneous.
-Status PutValue(std::string* out, const GgufValue& v, const std::string& key) {
-  switch (v.type) {
-    case GgufType::kUint8: Put<uint8_t>(out, static_cast<uint8_t>(v.as_uint)); break;
-    case GgufType::kInt8: Put<int8_t>(out, static_cast<int8_t>(v.as_int)); break;
-    case GgufType::kUint16: Put<uint16_t>(out, static_cast<uint16_t>(v.as_uint)); break;
-    case GgufType::kInt16: Put<int16_t>(out, static_cast<int16_t>(v.as_int)); break;
-    case GgufType::kUint32: Put<uint32_t>(out, static_cast<uint32_t>(v.as_uint)); break;
-    case GgufType::kInt32: Put<int32_t>(out, static_cast<int32_t>(v.as_int)); break;
-    case GgufType::kFloat32: Put<float>(out, static_cast<float>(v.as_float)); break;
-    case GgufType::kBool: Put<uint8_t>(out, v.as_uint != 0); break;
-    case GgufType::kString: PutString(out, v.as_string); break;
-    case GgufType::kUint64: Put<uint64_t>(out, v.as_uint); break;
-    case GgufType::kInt64: Put<int64_t>(out, v.as_int); break;
-    case GgufType::kFloat64: Put<double>(out, v.as_float); break;
-    case GgufType::kArray:
-      Put<uint32_t>(out, static_cast<uint32_t>(v.element_type));
-      Put<uint64_t>(out, v.elements.size());
-      for (const GgufValue& e : v.elements) {
-        if (e.type != v.element_type) {
-          return Status::Error("metadata key '" + key + "': array of " +
-                               GgufTypeName(v.element_type) + " holds a " +
-                               GgufTypeName(e.type) + " element");
-        }
-        KVQ_RETURN_IF_ERROR(PutValue(out, e, key));
-      }
-      break;
-    default: return Status::Error("metadata key '" + key + "': invalid value type");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-void GgufWriter::SetString(std::string key, std::string value) {
-  GgufValue v = Scalar(GgufType::kString);
-  v.as_string = std::move(value);
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetUint32(std::string key, uint32_t value) {
-  GgufValue v = Scalar(GgufType::kUint32);
-  v.as_uint = value;
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetInt32(std::string key, int32_t value) {
-  GgufValue v = Scalar(GgufType::kInt32);
-  v.as_int = value;
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetFloat32(std::string key, float value) {
-  GgufValue v = Scalar(GgufType::kFloat32);
-  v.as_float = value;
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetBool(std::string key, bool value) {
-  GgufValue v = Scalar(GgufType::kBool);
-  v.as_uint = value;
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetStringArray(std::string key, std::vector<std::string> values) {
-  GgufValue v = Scalar(GgufType::kArray);
-  v.element_type = GgufType::kString;
-  v.elements.reserve(values.size());
-  for (std::string& s : values) {
-    GgufValue e = Scalar(GgufType::kString);
-    e.as_string = std::move(s);
-    v.elements.push_back(std::move(e));
-  }
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetInt32Array(std::string key, std::vector<int32_t> values) {
-  GgufValue v = Scalar(GgufType::kArray);
-  v.element_type = GgufType::kInt32;
-  v.elements.reserve(values.size());
-  for (int32_t x : values) {
-    GgufValue e = Scalar(GgufType::kInt32);
-    e.as_int = x;
-    v.elements.push_back(std::move(e));
-  }
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetFloat32Array(std::string key, std::vector<float> values) {
-  GgufValue v = Scalar(GgufType::kArray);
-  v.element_type = GgufType::kFloat32;
-  v.elements.reserve(values.size());
-  for (float x : values) {
-    GgufValue e = Scalar(GgufType::kFloat32);
-    e.as_float = x;
-    v.elements.push_back(std::move(e));
-  }
-  SetValue(std::move(key), std::move(v));
-}
-void GgufWriter::SetValue(std::string key, GgufValue value) {
-  // Setting a key twice replaces it: GGUF forbids duplicate keys.
-  for (auto& [k, v] : metadata_) {
-    if (k == key) {
-      v = std::move(value);
-      return;
-    }
-  }
-  metadata_.emplace_back(std::move(key), std::move(value));
-}
-
-Status GgufWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
-                             const void* data, size_t nbytes) {
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d <= 0 || __builtin_mul_overflow(count, d, &count)) {
-      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
-    }
-  }
-  if (DTypeBytes(dtype, count) != nbytes) {
-    return Status::Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes given, " +
-                         DTypeName(dtype) + " " + ShapeString(shape) + " needs " +
-                         std::to_string(DTypeBytes(dtype, count)));
-  }
-  const uint8_t* bytes = static_cast<const uint8_t*>(data);
-  return AddTensorFn(std::move(name), dtype, std::move(shape),
-                     [copy = std::vector<uint8_t>(bytes, bytes + nbytes)](uint8_t* out) {
-                       std::memcpy(out, copy.data(), copy.size());
-                     });
-}
-
-Status GgufWriter::AddTensorFn(std::string name, DType dtype, std::vector<int64_t> shape,
-                               std::function<void(uint8_t* out)> fill) {
-  if (shape.empty() || shape.size() > kMaxDims) {
-    return Status::Error("tensor '" + name + "': rank " + std::to_string(shape.size()) +
-                         " (supported: 1 to 4)");
-  }
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d <= 0 || __builtin_mul_overflow(count, d, &count)) {
-      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
-    }
-  }
-  if (dtype == DType::kQ8_0 && shape.back() % 32 != 0) {
-    return Status::Error("tensor '" + name + "': Q8_0 row length " +
-                         std::to_string(shape.back()) + " is not a multiple of 32");
-  }
-  for (const PendingTensor& t : tensors_) {
-    if (t.name == name) return Status::Error("duplicate tensor name '" + name + "'");
-  }
-  tensors_.push_back({std::move(name), dtype, std::move(shape), std::move(fill)});
-  return Status::Ok();
-}
-
-size_t GgufWriter::PendingTensor::nbytes() const {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  return DTypeBytes(dtype, count);
-}
-
-Status GgufWriter::Write(const std::string& path) const {
-  size_t alignment = kDefaultAlignment;
-  for (const auto& [k, v] : metadata_) {
-    if (k != "general.alignment") continue;
-    const uint64_t a = IsSigned(v.type) ? static_cast<uint64_t>(v.as_int) : v.as_uint;
-    if (!(IsSigned(v.type) || IsUnsigned(v.type)) || !IsPowerOfTwo(a) || a > (1u << 30)) {
-      return Status::Error(path + ": general.alignment must be a power of two");
-    }
-    alignment = static_cast<size_t>(a);
-  }
-  std::string header;
-  header.append("GGUF", 4);
-  Put<uint32_t>(&header, 3);
-  Put<uint64_t>(&header, tensors_.size());
-  Put<uint64_t>(&header, metadata_.size());
-  for (const auto& [k, v] : metadata_) {
-    PutString(&header, k);
-    Put<uint32_t>(&header, static_cast<uint32_t>(v.type));
-    Status st = PutValue(&header, v, k);
-    if (!st.ok()) return st.WithContext(path);
-  }
-  // Tensors are packed in order, each padded to the alignment: the layout
-  // llama.cpp requires (it checks each offset against the running total).
-  uint64_t offset = 0;
-  for (const PendingTensor& t : tensors_) {
-    PutString(&header, t.name);
-    Put<uint32_t>(&header, static_cast<uint32_t>(t.shape.size()));
-    for (size_t d = t.shape.size(); d-- > 0;) Put<int64_t>(&header, t.shape[d]);
-    Put<uint32_t>(&header, DTypeToGgml(t.dtype));
-    Put<uint64_t>(&header, offset);
-    offset += (t.nbytes() + alignment - 1) / alignment * alignment;
-  }
-  header.resize((header.size() + alignment - 1) / alignment * alignment, '\0');
-
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  std::vector<uint8_t> buffer;
-  for (const PendingTensor& t : tensors_) {
-    const size_t n = t.nbytes();
-    const size_t padded = (n + alignment - 1) / alignment * alignment;
-    buffer.assign(padded, 0);
-    t.fill(buffer.data());
-    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(padded));
-    if (!out) break;
-  }
-  out.flush();
-  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
-  return Status::Ok();
 }
 
 }  // namespace kvq

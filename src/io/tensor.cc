@@ -24,6 +24,15 @@ size_t DTypeBytes(DType dtype, int64_t count) {
   return 0;
 }
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
 int64_t TensorRef::NumElements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

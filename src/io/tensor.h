@@ -17,6 +17,9 @@ const char* DTypeName(DType dtype);
 // (returns 0 otherwise).
 size_t DTypeBytes(DType dtype, int64_t count);
 
+// "[896, 64]": shapes in error messages.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 struct TensorRef {
   std::string name;
   DType dtype = DType::kF32;

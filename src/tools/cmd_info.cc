@@ -32,9 +32,9 @@ std::string TokenLabel(const TokenizerSpec& t, int32_t id) {
 }
 
 void PrintTokenizer(const TokenizerSpec& t) {
-  std::printf("tokenizer:    %s BPE, pre-tokenizer '%s', %zu tokens, %zu merges\n",
-              t.model.c_str(), t.pre.empty() ? "from tokenizer.json" : t.pre.c_str(),
-              t.tokens.size(), t.merges.size());
+  std::printf("tokenizer:    %s BPE, pre-tokenizer '%s', %zu tokens, %zu merges\n", t.model.c_str(),
+              t.pre.empty() ? "from tokenizer.json" : t.pre.c_str(), t.tokens.size(),
+              t.merges.size());
   std::printf("              bos %s, eos %s%s, chat template %s\n", TokenLabel(t, t.bos_id).c_str(),
               TokenLabel(t, t.eos_id).c_str(), t.add_bos ? " (bos added)" : "",
               t.chat_template.empty() ? "none" : "present");
@@ -96,11 +96,14 @@ Status RunInfo(const std::string& path) {
   }
   const int64_t params = CountParameters(m.tensors);
   char count[32];
-  if (params >= 1000000000) std::snprintf(count, sizeof(count), "%.2fB", params / 1e9);
-  else if (params >= 1000000) std::snprintf(count, sizeof(count), "%.2fM", params / 1e6);
-  else std::snprintf(count, sizeof(count), "%lld", (long long)params);
-  std::printf("parameters:   %s in %zu tensors (%s), %s\n", count, m.tensors.size(),
-              dtypes.c_str(), Bytes(bytes).c_str());
+  if (params >= 1000000000)
+    std::snprintf(count, sizeof(count), "%.2fB", params / 1e9);
+  else if (params >= 1000000)
+    std::snprintf(count, sizeof(count), "%.2fM", params / 1e6);
+  else
+    std::snprintf(count, sizeof(count), "%lld", (long long)params);
+  std::printf("parameters:   %s in %zu tensors (%s), %s\n", count, m.tensors.size(), dtypes.c_str(),
+              Bytes(bytes).c_str());
 
   const int64_t kv = c.KvBytesPerTokenF16();
   std::printf("KV cache f16: %lld bytes/token (%s)", (long long)kv, Bytes(kv).c_str());

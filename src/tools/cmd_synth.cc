@@ -36,11 +36,16 @@ Status RunSynth(const SynthArgs& a) {
   SynthOptions options;
   options.seed = a.seed;
   options.name = std::string("kvq-synth-") + preset.name;
-  if (a.dtype == "f32") options.dtype = DType::kF32;
-  else if (a.dtype == "f16") options.dtype = DType::kF16;
-  else if (a.dtype == "bf16") options.dtype = DType::kBF16;
-  else if (a.dtype == "q8_0") options.dtype = DType::kQ8_0;
-  else return Status::Error("unknown --dtype '" + a.dtype + "' (f32, f16, bf16, q8_0)");
+  if (a.dtype == "f32")
+    options.dtype = DType::kF32;
+  else if (a.dtype == "f16")
+    options.dtype = DType::kF16;
+  else if (a.dtype == "bf16")
+    options.dtype = DType::kBF16;
+  else if (a.dtype == "q8_0")
+    options.dtype = DType::kQ8_0;
+  else
+    return Status::Error("unknown --dtype '" + a.dtype + "' (f32, f16, bf16, q8_0)");
 
   std::unique_ptr<GgufFile> vocab;
   if (!a.vocab.empty()) {

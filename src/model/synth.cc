@@ -60,6 +60,8 @@ std::vector<SynthPreset> BuildPresets() {
        Make(A::kQwen2, 151936, 112, 2, 7, 1, 16, 160, 1e6, 1e-6, 4096, true)},
       {"tiny-llama-odd", "test: Llama, odd sizes (hidden 96, 3 heads, ffn 200), untied output",
        Make(A::kLlama, 128256, 96, 3, 3, 1, 32, 200, 10000, 1e-5, 2048, false)},
+      {"tiny-llama-mha", "test: Llama, 4 heads : 4 kv heads (no grouping), head_dim 64",
+       Make(A::kLlama, 128256, 256, 2, 4, 4, 64, 512, 10000, 1e-5, 4096, true)},
       {"tiny-llama3", "test: Llama with llama3 rope scaling, head_dim 32",
        WithLlama3(Make(A::kLlama, 128256, 128, 2, 4, 2, 32, 256, 500000, 1e-5, 131072, true), 8.0)},
   };

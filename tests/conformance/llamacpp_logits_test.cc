@@ -128,6 +128,7 @@ const Case kCases[] = {
     {"tiny-llama-odd", "ggml-vocab-llama-bpe.gguf", DType::kF32, 1e-5},
     {"tiny-qwen2-gqa7", "ggml-vocab-qwen2.gguf", DType::kF32, 1e-5},
     {"tiny-llama3", "ggml-vocab-llama-bpe.gguf", DType::kF32, 1e-5},
+    {"tiny-llama-mha", "ggml-vocab-llama-bpe.gguf", DType::kF16, 1e-4},
 };
 
 class LlamaCppLogits : public testing::TestWithParam<Case> {};

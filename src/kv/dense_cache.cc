@@ -5,6 +5,8 @@
 #include <map>
 #include <vector>
 
+#include <omp.h>
+
 #include "base/fp16.h"
 
 namespace kvq {
@@ -29,8 +31,11 @@ class DenseKvCache final : public KvCache {
   using T = typename Elem::Type;
 
  public:
-  DenseKvCache(const KvShape& shape, int64_t max_tokens)
-      : shape_(shape), max_tokens_(max_tokens), row_(shape.num_kv_heads * shape.head_dim) {}
+  DenseKvCache(const KvShape& shape, int64_t max_tokens, int num_threads)
+      : shape_(shape),
+        max_tokens_(max_tokens),
+        row_(shape.num_kv_heads * shape.head_dim),
+        num_threads_(num_threads > 0 ? num_threads : omp_get_max_threads()) {}
 
   Status AddSequence(SeqId seq) override {
     if (sequences_.count(seq) != 0) return Status::Error("sequence " + std::to_string(seq) + " exists");
@@ -72,7 +77,7 @@ class DenseKvCache final : public KvCache {
     const int64_t group = shape_.num_heads / kv_heads;
     // One task per (query token, KV head): the group's query heads share each
     // K/V row read.
-#pragma omp parallel
+#pragma omp parallel num_threads(num_threads_)
     {
       std::vector<float> scores(static_cast<size_t>(group * total));  // [group, total]
       std::vector<float> row(static_cast<size_t>(dim));               // one K or V head row
@@ -138,15 +143,18 @@ class DenseKvCache final : public KvCache {
   KvShape shape_;
   int64_t max_tokens_;
   int64_t row_;  // num_kv_heads * head_dim
+  int num_threads_;
   std::map<SeqId, Sequence> sequences_;
 };
 
 }  // namespace
 
 std::unique_ptr<KvCache> MakeDenseKvCache(const KvShape& shape, DenseKvType type,
-                                          int64_t max_tokens) {
-  if (type == DenseKvType::kF16) return std::make_unique<DenseKvCache<F16Elem>>(shape, max_tokens);
-  return std::make_unique<DenseKvCache<F32Elem>>(shape, max_tokens);
+                                          int64_t max_tokens, int num_threads) {
+  if (type == DenseKvType::kF16) {
+    return std::make_unique<DenseKvCache<F16Elem>>(shape, max_tokens, num_threads);
+  }
+  return std::make_unique<DenseKvCache<F32Elem>>(shape, max_tokens, num_threads);
 }
 
 StatusOr<DenseKvType> ParseDenseKvType(const std::string& name) {

@@ -12,9 +12,10 @@ namespace kvq {
 
 enum class DenseKvType { kF32, kF16 };
 
-// `max_tokens` bounds every sequence (the model's context length).
+// `max_tokens` bounds every sequence (the model's context length);
+// `num_threads` is how many OpenMP threads Attend uses (0 = OpenMP's default).
 std::unique_ptr<KvCache> MakeDenseKvCache(const KvShape& shape, DenseKvType type,
-                                          int64_t max_tokens);
+                                          int64_t max_tokens, int num_threads = 0);
 
 // "f32" / "f16" -> type; anything else is an error listing the choices.
 StatusOr<DenseKvType> ParseDenseKvType(const std::string& name);

@@ -43,7 +43,7 @@ int RunBenchCommand(const BenchFlags& flags) {
     for (int64_t n : flags.gen_tokens) max_context = std::max(max_context, d + n);
   }
   const KvShape shape = model.kv_shape();
-  const CacheFactory make_cache = [&] { return MakeDenseKvCache(shape, *kv_type, max_context); };
+  const CacheFactory make_cache = [&] { return MakeDenseKvCache(shape, *kv_type, max_context, threads); };
 
   const double size_gib = static_cast<double>(model.WeightBytesPerToken()) / (1 << 30);
   const double params_b = static_cast<double>(CountParameters(model.files().tensors)) / 1e9;

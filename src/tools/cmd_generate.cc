@@ -39,7 +39,7 @@ int RunGenerate(const GenerateFlags& flags) {
     return 1;
   }
   const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
-  auto cache = MakeDenseKvCache(loaded->transformer->kv_shape(), *kv_type, context);
+  auto cache = MakeDenseKvCache(loaded->transformer->kv_shape(), *kv_type, context, threads);
 
   GenerateOptions options;
   options.max_new_tokens = flags.max_new_tokens;

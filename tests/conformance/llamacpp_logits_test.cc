@@ -131,6 +131,8 @@ const Case kCases[] = {
     {"tiny-llama-mha", "ggml-vocab-llama-bpe.gguf", DType::kF16, 1e-4},
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.preset << " " << DTypeName(c.dtype); }
+
 class LlamaCppLogits : public testing::TestWithParam<Case> {};
 
 TEST_P(LlamaCppLogits, PrefillAndDecodeMatch) {

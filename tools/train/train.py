@@ -167,6 +167,11 @@ def main():
     last_ckpt = time.time()
     step_times = []
     replay = dict(tuple(map(int, kv.split(":"))) for kv in a.max_steps_at.split(",") if kv)
+    if step in replay:
+        # A change at exactly the resume step (e.g. extending a finished run) applies now;
+        # an uninterrupted run applies it at the same point: right after step `step`.
+        log(f"replay: max_steps {max_steps} -> {replay[step]} at step {step}")
+        max_steps = replay[step]
     model.train()
     while step < max_steps:
         t0 = time.time()

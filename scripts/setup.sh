@@ -18,7 +18,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libopenblas-openmp-dev libopenblas0-openmp
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
-  python3-torch python3-numpy python3-regex
+  python3-torch python3-numpy python3-regex python3-matplotlib
 )
 # npm tarballs: name@version (pinned; checksums in scripts/assets.sha256).
 NPM_PACKAGES=(

@@ -136,6 +136,9 @@ TEST(PyTorchGolden, LogitsAndKvMatchTheReference) {
     const double nmse = Nmse(logits.data(), ref_logits.data(), logits.size());
     std::printf("seq %d (%zu tokens): logits NMSE %.3e\n", s, tokens.size(), nmse);
     EXPECT_LE(nmse, 1e-6);
+    // The closest top-1/top-2 margin in the shipped file is 0.0085 (seq 2),
+    // four orders of magnitude above the ~1e-6 logit error NMSE 1e-12 allows,
+    // so top-1 can be required at every position.
     for (size_t p = 0; p < tokens.size(); ++p) {
       const float* a = &logits[p * vocab];
       const float* b = &ref_logits[p * vocab];

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 
@@ -25,7 +27,11 @@ class GenerateTest : public testing::Test {
     ASSERT_TRUE(preset.ok());
     ModelConfig config = preset->config;
     config.max_position_embeddings = 64;  // small, so overflow is cheap to provoke
-    path_ = new std::string((fs::path(KVQ_BINARY_DIR) / "generate_test_tiny_qwen2.gguf").string());
+    // One file per process: ctest runs each test case as its own process,
+    // in parallel, and each suite removes its file at the end.
+    path_ = new std::string((fs::path(KVQ_BINARY_DIR) / ("generate_test_tiny_qwen2_" +
+                                                         std::to_string(::getpid()) + ".gguf"))
+                                .string());
     SynthOptions options;
     options.seed = 3;
     ASSERT_TRUE(WriteSynthGguf(config, vocab->get(), options, *path_).ok());

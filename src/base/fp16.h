@@ -45,7 +45,7 @@ inline uint16_t F32ToF16(float f) {
     return sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u);
   }
   if (abs >= 0x477FF000u) return sign | 0x7C00u;  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                          // below 2^-14: subnormal f16
+  if (abs < 0x38800000u) {                        // below 2^-14: subnormal f16
     // Scale so the f16 subnormal unit (2^-24) becomes 1, round to nearest even
     // through the FPU's default rounding.
     const float scaled = BitsToFloat(abs) * 16777216.0f;

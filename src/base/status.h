@@ -36,7 +36,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  StatusOr(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT
     assert(!status_.ok() && "StatusOr built from an OK status has no value");
     if (status_.ok()) status_ = Status::Error("internal: OK status without value");
@@ -59,9 +59,9 @@ class [[nodiscard]] StatusOr {
 }  // namespace kvq
 
 // Early-return helpers. KVQ_ASSIGN_OR_RETURN(auto x, Expr()) declares x.
-#define KVQ_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    ::kvq::Status kvq_status_ = (expr);      \
+#define KVQ_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::kvq::Status kvq_status_ = (expr);        \
     if (!kvq_status_.ok()) return kvq_status_; \
   } while (0)
 

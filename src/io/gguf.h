@@ -17,9 +17,19 @@
 namespace kvq {
 
 enum class GgufType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5,
-  kFloat32 = 6, kBool = 7, kString = 8, kArray = 9, kUint64 = 10,
-  kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 const char* GgufTypeName(GgufType type);
 
@@ -27,10 +37,10 @@ const char* GgufTypeName(GgufType type);
 // arrays hold their elements (which may themselves be arrays).
 struct GgufValue {
   GgufType type = GgufType::kUint8;
-  uint64_t as_uint = 0;   // kUint*, kBool
-  int64_t as_int = 0;     // kInt*
-  double as_float = 0;    // kFloat*
-  std::string as_string;  // kString
+  uint64_t as_uint = 0;                      // kUint*, kBool
+  int64_t as_int = 0;                        // kInt*
+  double as_float = 0;                       // kFloat*
+  std::string as_string;                     // kString
   GgufType element_type = GgufType::kUint8;  // kArray
   std::vector<GgufValue> elements;           // kArray
 };
@@ -90,8 +100,8 @@ class GgufWriter {
   void SetFloat32Array(std::string key, std::vector<float> values);
   void SetValue(std::string key, GgufValue value);  // any type, incl. nested arrays
   // `shape` outermost first, as in TensorRef; bytes are copied.
-  Status AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
-                   const void* data, size_t nbytes);
+  Status AddTensor(std::string name, DType dtype, std::vector<int64_t> shape, const void* data,
+                   size_t nbytes);
   // Like AddTensor, but the bytes are produced by `fill` (given a buffer of the
   // tensor's byte size, zeroed) while Write streams the file, so multi-GB
   // models are never held in memory at once.

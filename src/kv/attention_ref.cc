@@ -31,7 +31,8 @@ void AttentionRef(const float* q, const float* k, const float* v, int64_t n, int
       float* oh = out + (i * num_heads + h) * head_dim;
       for (int64_t d = 0; d < head_dim; ++d) {
         double acc = 0;
-        for (int64_t t = 0; t < visible; ++t) acc += scores[t] * v[(t * num_kv_heads + g) * head_dim + d];
+        for (int64_t t = 0; t < visible; ++t)
+          acc += scores[t] * v[(t * num_kv_heads + g) * head_dim + d];
         oh[d] = static_cast<float>(acc / sum);
       }
     }

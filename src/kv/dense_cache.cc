@@ -1,11 +1,11 @@
 #include "kv/dense_cache.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
-
-#include <omp.h>
 
 #include "base/fp16.h"
 
@@ -38,7 +38,8 @@ class DenseKvCache final : public KvCache {
         num_threads_(num_threads > 0 ? num_threads : omp_get_max_threads()) {}
 
   Status AddSequence(SeqId seq) override {
-    if (sequences_.count(seq) != 0) return Status::Error("sequence " + std::to_string(seq) + " exists");
+    if (sequences_.count(seq) != 0)
+      return Status::Error("sequence " + std::to_string(seq) + " exists");
     sequences_[seq].layers.resize(static_cast<size_t>(shape_.num_layers));
     return Status::Ok();
   }

@@ -4,8 +4,10 @@ namespace kvq {
 
 const char* ArchitectureName(Architecture arch) {
   switch (arch) {
-    case Architecture::kQwen2: return "qwen2";
-    case Architecture::kLlama: return "llama";
+    case Architecture::kQwen2:
+      return "qwen2";
+    case Architecture::kLlama:
+      return "llama";
   }
   return "?";
 }

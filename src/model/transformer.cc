@@ -12,10 +12,14 @@ namespace {
 
 ops::WeightType ToWeightType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ops::WeightType::kF32;
-    case DType::kF16: return ops::WeightType::kF16;
-    case DType::kBF16: return ops::WeightType::kBF16;
-    case DType::kQ8_0: return ops::WeightType::kQ8_0;
+    case DType::kF32:
+      return ops::WeightType::kF32;
+    case DType::kF16:
+      return ops::WeightType::kF16;
+    case DType::kBF16:
+      return ops::WeightType::kBF16;
+    case DType::kQ8_0:
+      return ops::WeightType::kQ8_0;
   }
   return ops::WeightType::kF32;
 }
@@ -27,8 +31,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 // Binds a 2-D tensor [rows, cols] as a weight view, checking its shape.
-StatusOr<ops::WeightView> BindMatrix(const ModelFiles& files, const std::string& name,
-                                     int64_t rows, int64_t cols) {
+StatusOr<ops::WeightView> BindMatrix(const ModelFiles& files, const std::string& name, int64_t rows,
+                                     int64_t cols) {
   const TensorRef* t = files.Find(name);
   if (t == nullptr) return Status::Error("missing tensor '" + name + "'");
   if (t->shape != std::vector<int64_t>{rows, cols}) {
@@ -127,8 +131,8 @@ KvShape Transformer::kv_shape() const {
 int64_t Transformer::WeightBytesPerToken() const {
   int64_t bytes = weights_.output.bytes();
   for (const LayerWeights& l : weights_.layers) {
-    for (const ops::WeightView* w : {&l.attn_q, &l.attn_k, &l.attn_v, &l.attn_output,
-                                     &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
+    for (const ops::WeightView* w :
+         {&l.attn_q, &l.attn_k, &l.attn_v, &l.attn_output, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) {
       bytes += w->bytes();
     }
   }
@@ -168,15 +172,15 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
   const int64_t T = static_cast<int64_t>(tokens.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
-  std::vector<float> x(T * hidden);       // [T, hidden] residual stream
-  std::vector<float> xn(T * hidden);      // [T, hidden] normed input / sublayer output
-  std::vector<float> q(T * q_dim);        // [T, num_heads, head_dim]
-  std::vector<float> k_pre(T * kv_dim);   // [T, num_kv_heads, head_dim] before RoPE
-  std::vector<float> k(T * kv_dim);       // [T, num_kv_heads, head_dim] after RoPE
-  std::vector<float> v(T * kv_dim);       // [T, num_kv_heads, head_dim]
-  std::vector<float> attn(T * q_dim);     // [T, num_heads, head_dim]
-  std::vector<float> gate(T * ffn);       // [T, intermediate]
-  std::vector<float> up(T * ffn);         // [T, intermediate]
+  std::vector<float> x(T * hidden);      // [T, hidden] residual stream
+  std::vector<float> xn(T * hidden);     // [T, hidden] normed input / sublayer output
+  std::vector<float> q(T * q_dim);       // [T, num_heads, head_dim]
+  std::vector<float> k_pre(T * kv_dim);  // [T, num_kv_heads, head_dim] before RoPE
+  std::vector<float> k(T * kv_dim);      // [T, num_kv_heads, head_dim] after RoPE
+  std::vector<float> v(T * kv_dim);      // [T, num_kv_heads, head_dim]
+  std::vector<float> attn(T * q_dim);    // [T, num_heads, head_dim]
+  std::vector<float> gate(T * ffn);      // [T, intermediate]
+  std::vector<float> up(T * ffn);        // [T, intermediate]
 
   ops::Embed(weights_.token_embd, tokens.data(), T, x.data());
   for (int64_t l = 0; l < c.num_layers; ++l) {

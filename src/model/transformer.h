@@ -35,8 +35,8 @@ struct LayerWeights {
 };
 
 struct TransformerWeights {
-  ops::WeightView token_embd;  // [vocab, hidden]
-  ops::WeightView output;      // [vocab, hidden]; token_embd when tied
+  ops::WeightView token_embd;      // [vocab, hidden]
+  ops::WeightView output;          // [vocab, hidden]; token_embd when tied
   std::vector<float> output_norm;  // [hidden]
   std::vector<LayerWeights> layers;
 };
@@ -51,8 +51,8 @@ struct BatchSequence {
 // Called once per layer per sequence with what the cache receives, so tools
 // can capture real K/V. Shapes: [n, num_kv_heads, head_dim].
 struct KvObserver {
-  std::function<void(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope,
-                     const float* k, const float* v)>
+  std::function<void(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope, const float* k,
+                     const float* v)>
       on_kv;
 };
 

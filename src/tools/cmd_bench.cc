@@ -43,7 +43,9 @@ int RunBenchCommand(const BenchFlags& flags) {
     for (int64_t n : flags.gen_tokens) max_context = std::max(max_context, d + n);
   }
   const KvShape shape = model.kv_shape();
-  const CacheFactory make_cache = [&] { return MakeDenseKvCache(shape, *kv_type, max_context, threads); };
+  const CacheFactory make_cache = [&] {
+    return MakeDenseKvCache(shape, *kv_type, max_context, threads);
+  };
 
   const double size_gib = static_cast<double>(model.WeightBytesPerToken()) / (1 << 30);
   const double params_b = static_cast<double>(CountParameters(model.files().tensors)) / 1e9;
@@ -94,7 +96,8 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype, "KV cache type: f32, f16 (default f16)");
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
+                  "KV cache type: f32, f16 (default f16)");
   cmd->callback([flags, &ctx] { ctx.exit_code = RunBenchCommand(*flags); });
 }
 

@@ -47,12 +47,13 @@ int RunGenerate(const GenerateFlags& flags) {
   options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
   GenerateStats stats;
   if (!flags.chat) std::fputs(flags.prompt.c_str(), stdout);
-  Status status = Generate(*loaded, *cache, flags.prompt, options,
-                           [](std::string_view text) {
-                             std::fwrite(text.data(), 1, text.size(), stdout);
-                             std::fflush(stdout);
-                           },
-                           &stats);
+  Status status = Generate(
+      *loaded, *cache, flags.prompt, options,
+      [](std::string_view text) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      },
+      &stats);
   std::fputs("\n", stdout);
   if (!status.ok()) {
     std::fprintf(stderr, "kvq generate: %s\n", status.message().c_str());
@@ -72,10 +73,9 @@ int RunGenerate(const GenerateFlags& flags) {
                static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds,
                stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
                static_cast<long long>(stats.generated_tokens), stats.decode_seconds, decode_tps,
-               stats.stop_reason.c_str(), bytes_per_token / 1e6,
-               stats.weight_bytes_per_token / 1e6, stats.kv_bytes_per_token / 1e6,
-               bytes_per_token * decode_tps / 1e9, stats.kv_bytes_final / 1e6,
-               stats.peak_rss_bytes / 1e6);
+               stats.stop_reason.c_str(), bytes_per_token / 1e6, stats.weight_bytes_per_token / 1e6,
+               stats.kv_bytes_per_token / 1e6, bytes_per_token * decode_tps / 1e9,
+               stats.kv_bytes_final / 1e6, stats.peak_rss_bytes / 1e6);
   return 0;
 }
 
@@ -102,7 +102,8 @@ void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-c,--ctx", flags->context,
                   "Context length in tokens (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype, "KV cache type: f32, f16 (default f16)");
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
+                  "KV cache type: f32, f16 (default f16)");
   cmd->callback([flags, &ctx] { ctx.exit_code = RunGenerate(*flags); });
 }
 

@@ -28,7 +28,7 @@ TEST(Fp16, KnownValues) {
   EXPECT_EQ(F32ToF16(65504.0f), 0x7BFF);
   EXPECT_EQ(F32ToF16(65520.0f), 0x7C00);  // rounds past max finite: inf
   EXPECT_EQ(F32ToF16(std::numeric_limits<float>::infinity()), 0x7C00);
-  EXPECT_EQ(F32ToF16(5.960464477539063e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(F32ToF16(5.960464477539063e-08f), 0x0001);    // smallest subnormal
   EXPECT_EQ(F32ToF16(2.98023223876953125e-08f), 0x0000);  // half of it: ties to even (0)
   EXPECT_EQ(F32ToF16(8.940696716308594e-08f), 0x0002);    // 1.5 units: ties to even (2)
   EXPECT_FLOAT_EQ(F16ToF32(0x3555), 0.333251953125f);
@@ -37,8 +37,8 @@ TEST(Fp16, KnownValues) {
 // Round to nearest even: the value halfway between two halves picks the even one.
 TEST(Fp16, RoundsToNearestEven) {
   const float one = 1.0f, ulp = 1.0f / 1024.0f;
-  EXPECT_EQ(F32ToF16(one + ulp / 2), 0x3C00);            // tie -> even (1.0)
-  EXPECT_EQ(F32ToF16(one + 3 * ulp / 2), 0x3C02);        // tie -> even (1+2ulp)
+  EXPECT_EQ(F32ToF16(one + ulp / 2), 0x3C00);             // tie -> even (1.0)
+  EXPECT_EQ(F32ToF16(one + 3 * ulp / 2), 0x3C02);         // tie -> even (1+2ulp)
   EXPECT_EQ(F32ToF16(one + ulp / 2 + ulp / 64), 0x3C01);  // above tie -> up
 }
 

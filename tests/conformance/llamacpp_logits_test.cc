@@ -77,8 +77,8 @@ Logits RunKvq(LoadedModel& model, const std::vector<int32_t>& tokens, bool decod
 }
 
 struct Agreement {
-  double nmse = 0;       // sum (a - b)^2 / sum b^2 over all positions
-  double top1 = 0;       // fraction of positions with the same argmax
+  double nmse = 0;  // sum (a - b)^2 / sum b^2 over all positions
+  double top1 = 0;  // fraction of positions with the same argmax
 };
 
 Agreement Compare(const Logits& kvq, const Logits& ref) {
@@ -167,9 +167,8 @@ TEST_P(LlamaCppLogits, PrefillAndDecodeMatch) {
       const Logits ours = RunKvq(*model, tokens, decode);
       ASSERT_EQ(ref.vocab, ours.vocab);
       const Agreement a = Compare(ours, ref);
-      std::printf("%-16s %-5s len %3lld %-7s NMSE %.3e top-1 %.4f\n", c.preset,
-                  DTypeName(c.dtype), static_cast<long long>(length),
-                  decode ? "decode" : "prefill", a.nmse, a.top1);
+      std::printf("%-16s %-5s len %3lld %-7s NMSE %.3e top-1 %.4f\n", c.preset, DTypeName(c.dtype),
+                  static_cast<long long>(length), decode ? "decode" : "prefill", a.nmse, a.top1);
       EXPECT_LE(a.nmse, c.max_nmse);
       EXPECT_GE(a.top1, 0.99);
     }
@@ -179,8 +178,8 @@ TEST_P(LlamaCppLogits, PrefillAndDecodeMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Synth, LlamaCppLogits, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<Case>& info) {
-                           std::string name = std::string(info.param.preset) + "_" +
-                                              DTypeName(info.param.dtype);
+                           std::string name =
+                               std::string(info.param.preset) + "_" + DTypeName(info.param.dtype);
                            for (char& ch : name) {
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            }

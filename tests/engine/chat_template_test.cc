@@ -17,7 +17,8 @@ constexpr const char* kQwenTemplate =
 TEST(ChatTemplate, RendersQwenChatMLWithDefaultSystem) {
   auto t = ChatTemplate::FromJinja(kQwenTemplate);
   ASSERT_TRUE(t.ok()) << t.status().message();
-  EXPECT_EQ(t->default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  EXPECT_EQ(t->default_system,
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
   EXPECT_EQ(t->Render({{"user", "Hi"}}, true),
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
             "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");

@@ -1,7 +1,6 @@
 #include "engine/generate.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -19,7 +18,8 @@ namespace fs = std::filesystem;
 class GenerateTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string vocab_path = std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
+    const std::string vocab_path =
+        std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
     if (!fs::exists(vocab_path)) return;
     auto vocab = GgufFile::Open(vocab_path);
     ASSERT_TRUE(vocab.ok()) << vocab.status().message();
@@ -29,8 +29,8 @@ class GenerateTest : public testing::Test {
     config.max_position_embeddings = 64;  // small, so overflow is cheap to provoke
     // One file per process: ctest runs each test case as its own process,
     // in parallel, and each suite removes its file at the end.
-    path_ = new std::string((fs::path(KVQ_BINARY_DIR) / ("generate_test_tiny_qwen2_" +
-                                                         std::to_string(::getpid()) + ".gguf"))
+    path_ = new std::string((fs::path(KVQ_BINARY_DIR) /
+                             ("generate_test_tiny_qwen2_" + std::to_string(::getpid()) + ".gguf"))
                                 .string());
     SynthOptions options;
     options.seed = 3;
@@ -54,8 +54,8 @@ class GenerateTest : public testing::Test {
   StatusOr<std::string> Run(const std::string& prompt, const GenerateOptions& options,
                             KvCache& cache, GenerateStats* stats = nullptr) {
     std::string text;
-    Status s = Generate(model_, cache, prompt, options,
-                        [&text](std::string_view piece) { text += piece; }, stats);
+    Status s = Generate(
+        model_, cache, prompt, options, [&text](std::string_view piece) { text += piece; }, stats);
     if (!s.ok()) return s;
     return text;
   }
@@ -124,12 +124,12 @@ TEST(LoadModel, MissingPathAndVocabOnlyFilesAreClearErrors) {
 
 TEST(CompleteUtf8Prefix, HoldsBackIncompleteCharacters) {
   EXPECT_EQ(CompleteUtf8Prefix("abc"), 3u);
-  EXPECT_EQ(CompleteUtf8Prefix("a\xE2\x82"), 1u);          // € missing its last byte
-  EXPECT_EQ(CompleteUtf8Prefix("a\xE2\x82\xAC"), 4u);      // complete €
-  EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98"), 0u);       // emoji, 3 of 4 bytes
+  EXPECT_EQ(CompleteUtf8Prefix("a\xE2\x82"), 1u);      // € missing its last byte
+  EXPECT_EQ(CompleteUtf8Prefix("a\xE2\x82\xAC"), 4u);  // complete €
+  EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98"), 0u);   // emoji, 3 of 4 bytes
   EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98\x80"), 4u);
-  EXPECT_EQ(CompleteUtf8Prefix("\x80\x80"), 2u);           // stray continuation bytes pass
-  EXPECT_EQ(CompleteUtf8Prefix("a\xFF"), 2u);              // invalid lead byte passes
+  EXPECT_EQ(CompleteUtf8Prefix("\x80\x80"), 2u);  // stray continuation bytes pass
+  EXPECT_EQ(CompleteUtf8Prefix("a\xFF"), 2u);     // invalid lead byte passes
   EXPECT_EQ(CompleteUtf8Prefix(""), 0u);
 }
 

@@ -62,8 +62,8 @@ void CheckAgainstReference(DenseKvType type, const Case& c, uint32_t seed) {
 
 TEST(DenseKvCache, MatchesReferenceAcrossShapesAndGqaRatios) {
   const std::vector<Case> cases = {
-      {1, 1, 64, {1, 1, 1}},          {2, 2, 64, {7, 1, 1}},        {14, 2, 64, {33, 1, 1, 1}},
-      {8, 1, 128, {300, 1}},          {6, 3, 64, {5, 2, 1}},       {32, 8, 128, {17, 1}},
+      {1, 1, 64, {1, 1, 1}},          {2, 2, 64, {7, 1, 1}},    {14, 2, 64, {33, 1, 1, 1}},
+      {8, 1, 128, {300, 1}},          {6, 3, 64, {5, 2, 1}},    {32, 8, 128, {17, 1}},
       {7, 1, 32, {1, 1, 1, 1, 1, 1}}, {4, 4, 128, {64, 64, 1}},
   };
   uint32_t seed = 1;

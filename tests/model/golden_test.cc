@@ -60,7 +60,8 @@ std::map<std::string, Record> ReadGolden(const std::string& path) {
       elements *= d;
     }
     rec.bytes.resize(elements * (rec.dtype == 2 ? 1 : 4));
-    in.read(reinterpret_cast<char*>(rec.bytes.data()), static_cast<std::streamsize>(rec.bytes.size()));
+    in.read(reinterpret_cast<char*>(rec.bytes.data()),
+            static_cast<std::streamsize>(rec.bytes.size()));
     records[name] = std::move(rec);
   }
   EXPECT_TRUE(in) << path << ": truncated";
@@ -85,8 +86,8 @@ TEST(PyTorchGolden, LogitsAndKvMatchTheReference) {
   auto records = ReadGolden(golden.string());
   ASSERT_TRUE(records.count("meta"));
   const Record& meta_rec = records["meta"];
-  const auto meta = nlohmann::json::parse(
-      std::string(meta_rec.bytes.begin(), meta_rec.bytes.end()), nullptr, false);
+  const auto meta = nlohmann::json::parse(std::string(meta_rec.bytes.begin(), meta_rec.bytes.end()),
+                                          nullptr, false);
   ASSERT_FALSE(meta.is_discarded());
   const int n_sequences = meta.value("n_sequences", 0);
   ASSERT_GT(n_sequences, 0);

@@ -183,17 +183,7 @@ void GgufWriter::SetValue(std::string key, GgufValue value) {
 
 Status GgufWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
                              const void* data, size_t nbytes) {
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d <= 0 || __builtin_mul_overflow(count, d, &count)) {
-      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
-    }
-  }
-  if (DTypeBytes(dtype, count) != nbytes) {
-    return Status::Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes given, " +
-                         DTypeName(dtype) + " " + ShapeString(shape) + " needs " +
-                         std::to_string(DTypeBytes(dtype, count)));
-  }
+  KVQ_RETURN_IF_ERROR(CheckTensorBytes(name, dtype, shape, nbytes, /*allow_zero_dims=*/false));
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
   return AddTensorFn(std::move(name), dtype, std::move(shape),
                      [copy = std::vector<uint8_t>(bytes, bytes + nbytes)](uint8_t* out) {

@@ -237,17 +237,7 @@ Status SafetensorsWriter::AddTensor(std::string name, DType dtype, std::vector<i
   if (dtype == DType::kQ8_0) {
     return Status::Error("tensor '" + name + "': safetensors cannot store Q8_0");
   }
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(count, d, &count)) {
-      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
-    }
-  }
-  if (DTypeBytes(dtype, count) != nbytes) {
-    return Status::Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes given, " +
-                         DTypeName(dtype) + " " + ShapeString(shape) + " needs " +
-                         std::to_string(DTypeBytes(dtype, count)));
-  }
+  KVQ_RETURN_IF_ERROR(CheckTensorBytes(name, dtype, shape, nbytes, /*allow_zero_dims=*/true));
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
   return AddTensorFn(std::move(name), dtype, std::move(shape),
                      [copy = std::vector<uint8_t>(bytes, bytes + nbytes)](uint8_t* out) {

@@ -46,4 +46,21 @@ int64_t TensorRef::NumElements() const {
   return n;
 }
 
+Status CheckTensorBytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                        size_t nbytes, bool allow_zero_dims) {
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    const bool bad_dim = allow_zero_dims ? d < 0 : d <= 0;
+    if (bad_dim || __builtin_mul_overflow(count, d, &count)) {
+      return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
+    }
+  }
+  if (DTypeBytes(dtype, count) != nbytes) {
+    return Status::Error("tensor '" + name + "': " + std::to_string(nbytes) + " bytes given, " +
+                         DTypeName(dtype) + " " + ShapeString(shape) + " needs " +
+                         std::to_string(DTypeBytes(dtype, count)));
+  }
+  return Status::Ok();
+}
+
 }  // namespace kvq

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace kvq {
 
 // Weight storage types kvq reads. Q8_0: blocks of 32 values, one f16 scale
@@ -19,6 +21,12 @@ size_t DTypeBytes(DType dtype, int64_t count);
 
 // "[896, 64]": shapes in error messages.
 std::string ShapeString(const std::vector<int64_t>& shape);
+
+// Checks that `nbytes` is exactly what `dtype` x `shape` needs, with every
+// dimension positive (or non-negative when `allow_zero_dims`, as safetensors
+// permits) and no overflow. Errors name the tensor.
+Status CheckTensorBytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                        size_t nbytes, bool allow_zero_dims);
 
 struct TensorRef {
   std::string name;

@@ -84,12 +84,15 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if capture is not None:   # [B, kv_heads, T, d] -> [B, T, kv_heads, d]
             capture.append({"k_pre_rope": k_pre.transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2)})
-        rep = self.h // self.kvh  # GQA: query head j uses KV head j // rep (HF repeat_kv)
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d) + mask
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, self.h * self.d)
+        # GQA: query head j uses KV head j // rep (HF repeat_kv). The rep query heads of one KV
+        # head are stacked into one [rep*T, d] matrix so K and V are read in place, not repeated.
+        rep = self.h // self.kvh
+        q = (q * (1.0 / math.sqrt(self.d))).reshape(B, self.kvh, rep * T, self.d)
+        scores = torch.matmul(q, k.transpose(-1, -2)).view(B, self.kvh, rep, T, T)
+        scores = scores.masked_fill(mask, float("-inf"))  # mask [T, T] bool, True above the diagonal
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        out = torch.matmul(probs.view(B, self.kvh, rep * T, T), v)  # [B, kv_heads, rep*T, d]
+        out = out.view(B, self.h, T, self.d).transpose(1, 2).reshape(B, T, self.h * self.d)
         return self.o_proj(out)
 
 
@@ -142,7 +145,7 @@ class Qwen2ForCausalLM(nn.Module):
         """ids [B, T] -> logits [B, T, vocab].  capture: optional list receiving per-layer K/V."""
         T = ids.shape[1]
         cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, ids.device)
-        mask = torch.full((T, T), float("-inf"), device=ids.device).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).triu(1)  # True = masked
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, capture)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_io import load_hf_folder  # noqa: E402
 from model import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 
@@ -61,6 +62,12 @@ def get_args(argv=None):
     ap.add_argument("--eval-tokens", type=int, default=32768)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--init-from", default="",
+                    help="HF model folder (e.g. an earlier export) whose weights start a NEW run; the "
+                         "architecture flags must match it. Ignored when resuming from --out/ckpt.pt")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: forward/backward matmuls in bfloat16 (oneDNN; ~3x f32 on AVX512-BF16 CPUs); "
+                         "weights, optimizer state and validation stay float32")
     ap.add_argument("--bench", type=int, default=0, help="time N steps, print tokens/s, save nothing")
     return ap.parse_args(argv)
 
@@ -153,6 +160,12 @@ def main():
         opt.load_state_dict(state["opt"])
         step, max_steps = state["step"], min(max_steps, state["max_steps"])
         log(f"resumed from {ckpt} at step {step} (max_steps {max_steps})")
+    elif a.init_from and not a.bench:
+        init = load_hf_folder(a.init_from)
+        if init.cfg.to_dict() != cfg.to_dict():
+            raise SystemExit(f"--init-from {a.init_from}: config {init.cfg.to_dict()} != flags {cfg.to_dict()}")
+        model.load_state_dict(init.state_dict())
+        log(f"initialized weights from {a.init_from} (fresh optimizer state, step 0)")
     log(f"config {json.dumps(cfg.to_dict())}")
     log(f"params {model.num_params():,}  train tokens {len(train):,}  valid tokens {len(valid):,}  "
         f"tokens/step {tokens_per_step}  max_steps {max_steps}")
@@ -179,8 +192,9 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = batch_at(train, step, a)
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip).item()

@@ -9,9 +9,7 @@ namespace kvq {
 void BlockAllocator::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 BlockAllocator::BlockAllocator(size_t block_bytes, int64_t num_blocks, uint8_t* arena)
-    : block_bytes_(block_bytes),
-      arena_(arena),
-      ref_counts_(static_cast<size_t>(num_blocks), 0) {
+    : block_bytes_(block_bytes), arena_(arena), ref_counts_(static_cast<size_t>(num_blocks), 0) {
   free_list_.reserve(static_cast<size_t>(num_blocks));
   // Pushed in reverse so Allocate hands out low addresses first.
   for (int64_t i = num_blocks - 1; i >= 0; --i) free_list_.push_back(static_cast<BlockId>(i));

@@ -38,7 +38,9 @@ class BlockAllocator {
   int32_t RefCount(BlockId block) const { return ref_counts_[static_cast<size_t>(block)]; }
   size_t block_bytes() const { return block_bytes_; }
 
-  uint8_t* BlockData(BlockId block) { return arena_.get() + static_cast<size_t>(block) * block_bytes_; }
+  uint8_t* BlockData(BlockId block) {
+    return arena_.get() + static_cast<size_t>(block) * block_bytes_;
+  }
   const uint8_t* BlockData(BlockId block) const {
     return arena_.get() + static_cast<size_t>(block) * block_bytes_;
   }

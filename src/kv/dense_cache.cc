@@ -48,11 +48,14 @@ class DenseKvCache final : public KvCache {
   // A dense cache has nothing to share: a fork is a deep copy.
   Status Fork(SeqId src, SeqId dst) override {
     auto it = sequences_.find(src);
-    if (it == sequences_.end()) return Status::Error("fork: unknown sequence " + std::to_string(src));
-    if (sequences_.count(dst) != 0) return Status::Error("fork: sequence " + std::to_string(dst) + " exists");
+    if (it == sequences_.end())
+      return Status::Error("fork: unknown sequence " + std::to_string(src));
+    if (sequences_.count(dst) != 0)
+      return Status::Error("fork: sequence " + std::to_string(dst) + " exists");
     for (const Layer& l : it->second.layers) {
       if (l.k.size() != it->second.layers[0].k.size())
-        return Status::Error("fork: sequence " + std::to_string(src) + " is in the middle of a forward pass");
+        return Status::Error("fork: sequence " + std::to_string(src) +
+                             " is in the middle of a forward pass");
     }
     Sequence copy = it->second;
     sequences_[dst] = std::move(copy);
@@ -60,7 +63,8 @@ class DenseKvCache final : public KvCache {
   }
   Status Truncate(SeqId seq, int64_t length) override {
     auto it = sequences_.find(seq);
-    if (it == sequences_.end()) return Status::Error("truncate: unknown sequence " + std::to_string(seq));
+    if (it == sequences_.end())
+      return Status::Error("truncate: unknown sequence " + std::to_string(seq));
     for (Layer& l : it->second.layers) {
       const int64_t stored = static_cast<int64_t>(l.k.size()) / row_;
       if (length < 0 || length > stored) {

@@ -36,7 +36,8 @@ void OnlineSoftmaxStepImpl(float* HWY_RESTRICT p, int64_t count, float* max, flo
       *sum *= correction;
       const auto vc = hn::Set(df, correction);
       int64_t d = 0;
-      for (; d + lanes <= dim; d += lanes) hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), vc), df, acc + d);
+      for (; d + lanes <= dim; d += lanes)
+        hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), vc), df, acc + d);
       for (; d < dim; ++d) acc[d] *= correction;
     }
     *max = block_max;

@@ -13,7 +13,6 @@ namespace kvq {
 // *max, *sum: the running max (start at -inf) and sum (start at 0).
 // acc[dim]: multiplied by exp(old max - new max) when the max grows.
 void OnlineSoftmaxStep(float* p, int64_t count, float* max, float* sum, float* acc, int64_t dim);
-void OnlineSoftmaxStepRef(float* p, int64_t count, float* max, float* sum, float* acc,
-                          int64_t dim);
+void OnlineSoftmaxStepRef(float* p, int64_t count, float* max, float* sum, float* acc, int64_t dim);
 
 }  // namespace kvq

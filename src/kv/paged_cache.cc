@@ -107,7 +107,8 @@ Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
     return Status::Error("truncate: length " + std::to_string(length) + " outside [0, " +
                          std::to_string(stored) + "] for " + SeqName(seq));
   }
-  const size_t keep = static_cast<size_t>((length + layout_.block_tokens - 1) / layout_.block_tokens);
+  const size_t keep =
+      static_cast<size_t>((length + layout_.block_tokens - 1) / layout_.block_tokens);
   for (size_t j = keep; j < s->blocks.size(); ++j) allocator_->Unref(s->blocks[j]);
   s->blocks.resize(std::min(keep, s->blocks.size()));
   std::fill(s->lengths.begin(), s->lengths.end(), length);

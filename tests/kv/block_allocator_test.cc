@@ -35,7 +35,9 @@ TEST(BlockAllocator, BlocksAreAlignedAndDisjoint) {
   ASSERT_TRUE(alloc.ok());
   for (BlockId b = 0; b < 5; ++b) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>((*alloc)->BlockData(b)) % 64, 0u);
-    if (b > 0) EXPECT_EQ((*alloc)->BlockData(b) - (*alloc)->BlockData(b - 1), 192);
+    if (b > 0) {
+      EXPECT_EQ((*alloc)->BlockData(b) - (*alloc)->BlockData(b - 1), 192);
+    }
   }
 }
 

@@ -1,0 +1,164 @@
+// Codec names -> codecs (the registry), and the reference fused kernels.
+// A new codec family is one file with a Make*Codec factory plus its entry in
+// ParseKvCodec and AllKvCodecNames.
+#include "kv/codec.h"
+
+#include <sstream>
+#include <vector>
+
+#include "kv/codec_formats.h"
+
+namespace kvq {
+namespace {
+
+struct FloatName {
+  const char* name;
+  codec::FloatKind kind;
+};
+constexpr FloatName kFloatNames[] = {
+    {"f32", codec::FloatKind::kF32},          {"f16", codec::FloatKind::kF16},
+    {"bf16", codec::FloatKind::kBF16},        {"fp8_e4m3", codec::FloatKind::kFp8E4M3},
+    {"fp8_e5m2", codec::FloatKind::kFp8E5M2},
+};
+
+// Other spellings users bring from vLLM (fp8 = e4m3) and llama.cpp (the
+// q8_0/q4_0/q4_1 cache types have the same group and bytes per value).
+struct Alias {
+  const char* alias;
+  const char* canonical;
+};
+constexpr Alias kAliases[] = {{"fp8", "fp8_e4m3"},
+                              {"q8_0", "int8-g32-sym"},
+                              {"q4_0", "int4-g32-sym"},
+                              {"q4_1", "int4-g32-asym"}};
+
+constexpr int64_t kGroupSizes[] = {32, 64, 128};
+constexpr int kIntBits[] = {8, 4, 2};
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!s.empty() && s.back() == sep) parts.push_back("");
+  return parts;
+}
+
+Status BadName(const std::string& name, const std::string& why) {
+  return Status::Error("KV cache type '" + name + "': " + why +
+                       " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
+                       "optional -g32/-g64/-g128 and -sym/-asym, e.g. int4-g64-sym; aliases fp8, "
+                       "q8_0, q4_0, q4_1)");
+}
+
+StatusOr<codec::IntFormat> ParseIntName(const std::string& name, const std::string& spelled) {
+  const std::vector<std::string> parts = Split(name, '-');
+  if (parts.empty()) return BadName(spelled, "empty name");
+  codec::IntFormat format;
+  const std::string& base = parts[0];
+  if (base == "int8") {
+    format.bits = 8;
+  } else if (base == "int4") {
+    format.bits = 4;
+  } else if (base == "int2") {
+    format.bits = 2;
+  } else {
+    return BadName(spelled, "unknown type '" + base + "'");
+  }
+  bool have_group = false, have_symmetry = false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& option = parts[i];
+    if (option == "sym" || option == "asym") {
+      if (have_symmetry) return BadName(spelled, "sym/asym given twice");
+      have_symmetry = true;
+      format.symmetric = option == "sym";
+    } else if (option.size() > 1 && option[0] == 'g') {
+      if (have_group) return BadName(spelled, "group size given twice");
+      have_group = true;
+      const std::string digits = option.substr(1);
+      bool valid = digits.find_first_not_of("0123456789") == std::string::npos;
+      format.group = valid && digits.size() <= 4 ? std::stoll(digits) : 0;
+      valid = false;
+      for (int64_t g : kGroupSizes) valid = valid || format.group == g;
+      if (!valid) return BadName(spelled, "group size '" + option + "' is not g32, g64 or g128");
+    } else {
+      return BadName(spelled, "unknown option '" + option + "'");
+    }
+  }
+  return format;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& spelled, int64_t head_dim,
+                                                CodecPath path) {
+  if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > kMaxCodecHeadDim) {
+    return Status::Error("KV cache type '" + spelled + "': head_dim " + std::to_string(head_dim) +
+                         " is not supported (codecs need a positive multiple of 16, at most " +
+                         std::to_string(kMaxCodecHeadDim) + ")");
+  }
+  std::string name = spelled;
+  for (const Alias& a : kAliases) {
+    if (name == a.alias) name = a.canonical;
+  }
+  for (const FloatName& f : kFloatNames) {
+    if (name == f.name) return codec::MakeFloatCodec(f.kind, head_dim, path);
+    if (name.rfind(std::string(f.name) + "-", 0) == 0) {
+      return BadName(spelled, std::string(f.name) + " takes no options");
+    }
+  }
+  KVQ_ASSIGN_OR_RETURN(const codec::IntFormat format, ParseIntName(name, spelled));
+  if (head_dim % format.group != 0) {
+    return BadName(spelled, "group size " + std::to_string(format.group) +
+                                " does not divide head_dim " + std::to_string(head_dim));
+  }
+  return codec::MakeIntCodec(format, head_dim, path);
+}
+
+std::vector<std::string> AllKvCodecNames(int64_t head_dim) {
+  std::vector<std::string> names;
+  for (const FloatName& f : kFloatNames) names.push_back(f.name);
+  for (int bits : kIntBits) {
+    for (int64_t group : kGroupSizes) {
+      if (head_dim % group != 0) continue;
+      for (bool symmetric : {true, false}) {
+        names.push_back(codec::IntFormat{bits, group, symmetric}.Name());
+      }
+    }
+  }
+  return names;
+}
+
+namespace codec {
+
+void ScoresByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n, const float* q,
+                      int64_t group, float scale, float* scores, int64_t stride) {
+  const int64_t dim = codec.head_dim();
+  std::vector<float> x(static_cast<size_t>(dim));  // [head_dim], one decoded row
+  for (int64_t t = 0; t < n; ++t) {
+    codec.Decode(rows + t * codec.RowBytes(), 1, x.data());
+    for (int64_t h = 0; h < group; ++h) {
+      double dot = 0.0;
+      for (int64_t i = 0; i < dim; ++i) dot += static_cast<double>(q[h * dim + i]) * x[i];
+      scores[h * stride + t] = static_cast<float>(scale * dot);
+    }
+  }
+}
+
+void AccumulateVByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n, const float* p,
+                           int64_t group, int64_t stride, float* acc) {
+  const int64_t dim = codec.head_dim();
+  std::vector<float> x(static_cast<size_t>(n * dim));  // [n, head_dim]
+  if (n > 0) codec.Decode(rows, n, x.data());
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t i = 0; i < dim; ++i) {
+      double sum = acc[h * dim + i];
+      for (int64_t t = 0; t < n; ++t)
+        sum += static_cast<double>(p[h * stride + t]) * x[t * dim + i];
+      acc[h * dim + i] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace codec
+}  // namespace kvq

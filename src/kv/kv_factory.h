@@ -27,11 +27,11 @@ struct KvCacheOptions {
 // Bytes the paged cache allocates, exactly.
 struct KvLayout {
   int64_t block_tokens = 0;
-  size_t k_row_bytes = 0;    // one token of one KV head, K
-  size_t v_row_bytes = 0;    // one token of one KV head, V
-  size_t block_bytes = 0;    // one block: every layer, K and V, every KV head, block_tokens tokens
-  size_t side_bytes = 0;     // per-cache side data (e.g. fp8 scales), allocated once
-  int64_t num_blocks = 0;    // blocks that fit memory_bytes after side_bytes
+  size_t k_row_bytes = 0;  // one token of one KV head, K
+  size_t v_row_bytes = 0;  // one token of one KV head, V
+  size_t block_bytes = 0;  // one block: every layer, K and V, every KV head, block_tokens tokens
+  size_t side_bytes = 0;   // per-cache side data (e.g. fp8 scales), allocated once
+  int64_t num_blocks = 0;  // blocks that fit memory_bytes after side_bytes
   double BytesPerToken() const { return static_cast<double>(block_bytes) / block_tokens; }
 };
 

@@ -8,8 +8,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -180,6 +183,38 @@ TEST(CodecParseTest, GroupMustDivideHeadDimAndHeadDimMustBeValid) {
     EXPECT_EQ(name.find("-g64"), std::string::npos) << name;
     EXPECT_EQ(name.find("-g128"), std::string::npos) << name;
   }
+}
+
+// docs/ARCHITECTURE.md's codec table is what `kvq plan` reproduces: every
+// row must match the codecs, and every codec must have a row.
+TEST(CodecParseTest, ArchitectureTableMatchesCodecs) {
+  std::ifstream doc(std::string(KVQ_SOURCE_DIR) + "/docs/ARCHITECTURE.md");
+  ASSERT_TRUE(doc.good());
+  std::string line;
+  std::set<std::string> seen;
+  while (std::getline(doc, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream in(line.substr(1));
+    std::string cell;
+    while (std::getline(in, cell, '|')) {
+      cell.erase(0, cell.find_first_not_of(" `"));
+      cell.erase(cell.find_last_not_of(" `") + 1);
+      cells.push_back(cell);
+    }
+    if (cells.size() < 4) continue;
+    const std::string& name = cells[0];
+    auto d128 = ParseKvCodec(name, 128);
+    if (!d128.ok()) continue;  // some other table
+    seen.insert(name);
+    EXPECT_EQ(std::to_string((*d128)->RowBytes()), cells[2]) << name;
+    auto d64 = ParseKvCodec(name, 64);
+    EXPECT_EQ(d64.ok() ? std::to_string((*d64)->RowBytes()) : "—", cells[1]) << name;
+    std::ostringstream bits;
+    bits << (*d128)->RowBytes() * 8.0 / 128;
+    EXPECT_EQ(bits.str(), cells[3]) << name;
+  }
+  for (const std::string& name : AllKvCodecNames(128)) EXPECT_EQ(seen.count(name), 1u) << name;
 }
 
 // ---------------------------------------------------------------- SIMD == reference

@@ -82,6 +82,42 @@ void BM_Codec(benchmark::State& state, const std::string& name, int64_t dim, int
   state.counters["ns_per_row"] = kernel_seconds * 1e9 / state.iterations() / kRows;
 }
 
+// The same kernels on 1024 rows that stay in L2: the compute cost per row
+// (thread CPU time, robust to other load on the machine), which must stay
+// below the DRAM time per row for the kernel to be memory-bound.
+void BM_CodecHot(benchmark::State& state, const std::string& name, int64_t dim, int64_t group,
+                 bool values) {
+  constexpr int64_t kHotRows = 1024;
+  auto parsed = ParseKvCodec(name, dim);
+  if (!parsed.ok()) {
+    state.SkipWithError(parsed.status().message().c_str());
+    return;
+  }
+  KvCodec& codec = **parsed;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(kHotRows * dim));  // [kHotRows, dim]
+  for (float& v : x) v = normal(rng);
+  codec.Calibrate(x.data(), kHotRows);
+  std::vector<uint8_t> rows(static_cast<size_t>(kHotRows) * codec.RowBytes());
+  codec.Encode(x.data(), kHotRows, rows.data());
+  std::vector<float> q(static_cast<size_t>(group * dim), 0.1f);             // [group, dim]
+  std::vector<float> scores(static_cast<size_t>(group * kHotRows), 1e-3f);  // [group, kHotRows]
+  std::vector<float> acc(static_cast<size_t>(group * dim), 0.0f);           // [group, dim]
+  for (auto _ : state) {
+    if (values) {
+      codec.AccumulateV(rows.data(), kHotRows, scores.data(), group, kHotRows, acc.data());
+      benchmark::DoNotOptimize(acc.data());
+    } else {
+      codec.Scores(rows.data(), kHotRows, q.data(), group, 0.125f, scores.data(), kHotRows);
+      benchmark::DoNotOptimize(scores.data());
+    }
+  }
+  state.counters["rows"] =
+      benchmark::Counter(static_cast<double>(kHotRows) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+
 void RegisterAll() {
   const char* names[] = {"f32",          "f16",           "bf16",         "fp8_e4m3",
                          "int8-g32-sym", "int4-g32-asym", "int4-g32-sym", "int2-g32-asym"};
@@ -94,6 +130,9 @@ void RegisterAll() {
                                   std::to_string(dim) + "/g" + std::to_string(group);
         benchmark::RegisterBenchmark(label.c_str(), BM_Codec, std::string(name), dim, group, values)
             ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("Hot/" + label).c_str(), BM_CodecHot, std::string(name), dim,
+                                     group, values)
             ->Unit(benchmark::kMicrosecond);
       }
     }

@@ -36,11 +36,18 @@ using VI = hn::Vec<DI>;
 #define KVQ_CODEC_HAVE_F16C 0
 #endif
 
+// Float formats have no per-group parameters: one "group" spans the row.
+#define KVQ_NO_GROUP_PARAMS                       \
+  static constexpr bool kHasParams = false;       \
+  int64_t ParamGroup() const { return head_dim; } \
+  ScaleOffset Params(const uint8_t* /*row*/, int64_t /*g*/) const { return {}; }
+
 struct F32Fmt {
   using D = DF;
   int64_t head_dim;
   size_t row_bytes;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
   }
 };
@@ -49,7 +56,8 @@ struct F16Fmt {
   using D = DF;
   int64_t head_dim;
   size_t row_bytes;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const auto* h = reinterpret_cast<const hwy::float16_t*>(row) + i;
 #if KVQ_CODEC_HAVE_F16C
     return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), h));
@@ -69,7 +77,8 @@ struct BF16Fmt {
   using D = DF;
   int64_t head_dim;
   size_t row_bytes;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const hn::Rebind<uint16_t, D> du16;
     const VI bits = hn::BitCast(
         DI(), hn::PromoteTo(hn::RebindToUnsigned<D>(),
@@ -90,7 +99,8 @@ struct Fp8Fmt {
   size_t row_bytes;
   float scale;
   int32_t max_code;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const DI di;
     const VI code = hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, D>(), row + i));
     const VI magnitude = hn::And(code, hn::Set(di, 0x7F));

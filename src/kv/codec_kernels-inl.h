@@ -4,9 +4,14 @@
 //
 // A format provides, per target:
 //   using D = a float descriptor of at most 16 lanes (head_dim % Lanes == 0);
+//   static constexpr bool kHasParams: rows carry per-group (scale, offset);
 //   int64_t head_dim; size_t row_bytes;
-//   Vec<D> Load(D, const uint8_t* row, int64_t i): values [i, i + Lanes) of
-//     one row decoded to f32, exactly (i a multiple of Lanes).
+//   int64_t ParamGroup(): values sharing one (scale, offset) (head_dim if none);
+//   GroupParams Params(const uint8_t* row, int64_t g): group g's scale and offset;
+//   Vec<D> Load(D, const uint8_t* row, int64_t i, Vec<D> scale, Vec<D> offset):
+//     values [i, i + Lanes) of one row decoded to f32, exactly (i a multiple
+//     of Lanes; scale/offset the broadcast Params of i's group).
+// Group parameters are converted once per group and row, not per vector.
 // The kernels decode each vector of a row once and use it for up to
 // kMaxHeadsPerPass query heads held in registers; larger GQA groups take
 // several passes (the row is then in L1). 8 covers the common GQA ratios
@@ -33,6 +38,12 @@ inline constexpr int64_t kMaxHeadsPerPass = 8;
 // Rows per AccumulateV pass: one pass walks every vector column of these rows
 // (they stay in L1) while the accumulators stay in registers.
 inline constexpr int64_t kAccumulateRowBlock = 32;
+// Most parameter groups a row can have (head_dim <= 1024, groups >= 32 values).
+inline constexpr int64_t kMaxParamGroups = kMaxCodecHeadDim / 32;
+
+struct ScaleOffset {
+  float scale, offset;
+};
 
 template <class Fmt>
 HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
@@ -40,10 +51,15 @@ HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int
   using D = typename Fmt::D;
   const D d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t group = fmt.ParamGroup();
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = rows + t * static_cast<int64_t>(fmt.row_bytes);
-    for (int64_t i = 0; i < fmt.head_dim; i += lanes) {
-      hn::StoreU(fmt.Load(d, row, i), d, x + t * fmt.head_dim + i);
+    for (int64_t g = 0; g * group < fmt.head_dim; ++g) {
+      const ScaleOffset so = fmt.Params(row, g);
+      const auto vs = hn::Set(d, so.scale), vo = hn::Set(d, so.offset);
+      for (int64_t i = g * group; i < (g + 1) * group; i += lanes) {
+        hn::StoreU(fmt.Load(d, row, i, vs, vo), d, x + t * fmt.head_dim + i);
+      }
     }
   }
 }
@@ -104,10 +120,15 @@ HWY_NOINLINE void ScoresPass(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, i
     const uint8_t* row = rows + t * static_cast<int64_t>(fmt.row_bytes);
     V acc[kPadded];
     for (int64_t h = 0; h < kPadded; ++h) acc[h] = hn::Zero(d);
-    for (int64_t i = 0; i < dim; i += lanes) {
-      const V x = fmt.Load(d, row, i);
-      for (int64_t h = 0; h < kHeads; ++h) {
-        acc[h] = hn::MulAdd(hn::LoadU(d, q + h * dim + i), x, acc[h]);
+    const int64_t group = fmt.ParamGroup();
+    for (int64_t g = 0; g * group < dim; ++g) {
+      const ScaleOffset so = fmt.Params(row, g);
+      const V vs = hn::Set(d, so.scale), vo = hn::Set(d, so.offset);
+      for (int64_t i = g * group; i < (g + 1) * group; i += lanes) {
+        const V x = fmt.Load(d, row, i, vs, vo);
+        for (int64_t h = 0; h < kHeads; ++h) {
+          acc[h] = hn::MulAdd(hn::LoadU(d, q + h * dim + i), x, acc[h]);
+        }
       }
     }
     float sums[kPadded];
@@ -129,13 +150,34 @@ HWY_NOINLINE void AccumulatePass(const Fmt& fmt, const uint8_t* HWY_RESTRICT row
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dim = fmt.head_dim;
   const int64_t row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  const int64_t group = fmt.ParamGroup();
+  const int64_t groups = dim / group;
+  // Parameters of every (row, group) of the block, converted once: the loop
+  // below visits each row once per vector column.
+  float scales[Fmt::kHasParams ? kAccumulateRowBlock * kMaxParamGroups : 1];   // [rows, groups]
+  float offsets[Fmt::kHasParams ? kAccumulateRowBlock * kMaxParamGroups : 1];  // [rows, groups]
   for (int64_t t0 = 0; t0 < n; t0 += kAccumulateRowBlock) {
     const int64_t t1 = std::min(n, t0 + kAccumulateRowBlock);
+    if constexpr (Fmt::kHasParams) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const ScaleOffset so = fmt.Params(rows + t * row_bytes, g);
+          scales[(t - t0) * groups + g] = so.scale;
+          offsets[(t - t0) * groups + g] = so.offset;
+        }
+      }
+    }
     for (int64_t i = 0; i < dim; i += lanes) {
       V a[kHeads];
       for (int64_t h = 0; h < kHeads; ++h) a[h] = hn::LoadU(d, acc + h * dim + i);
+      const int64_t g = i / group;
       for (int64_t t = t0; t < t1; ++t) {
-        const V x = fmt.Load(d, rows + t * row_bytes, i);
+        V vs = hn::Zero(d), vo = hn::Zero(d);
+        if constexpr (Fmt::kHasParams) {
+          vs = hn::Set(d, scales[(t - t0) * groups + g]);
+          vo = hn::Set(d, offsets[(t - t0) * groups + g]);
+        }
+        const V x = fmt.Load(d, rows + t * row_bytes, i, vs, vo);
         for (int64_t h = 0; h < kHeads; ++h)
           a[h] = hn::MulAdd(hn::Set(d, p[h * stride + t]), x, a[h]);
       }

@@ -105,38 +105,62 @@ HWY_INLINE void SumOf4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D>
 }
 #endif
 
-// q: [kHeads, head_dim]; scores[h * stride + t].
-template <int64_t kHeads, class Fmt>
-HWY_NOINLINE void ScoresPass(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
-                             const float* HWY_RESTRICT q, float scale, float* HWY_RESTRICT scores,
-                             int64_t stride) {
+// Scores of kRows consecutive rows starting at `row` (the t-th of the tile)
+// for kHeads heads: each q vector is loaded once for all kRows rows.
+template <int64_t kHeads, int64_t kRows, class Fmt>
+HWY_INLINE void ScoresRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT row, int64_t t,
+                           const float* HWY_RESTRICT q, float scale, float* HWY_RESTRICT scores,
+                           int64_t stride) {
   using D = typename Fmt::D;
   using V = hn::Vec<D>;
   const D d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dim = fmt.head_dim;
+  const int64_t row_bytes = static_cast<int64_t>(fmt.row_bytes);
   constexpr int64_t kPadded = (kHeads + 3) / 4 * 4;
-  for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = rows + t * static_cast<int64_t>(fmt.row_bytes);
-    V acc[kPadded];
-    for (int64_t h = 0; h < kPadded; ++h) acc[h] = hn::Zero(d);
-    const int64_t group = fmt.ParamGroup();
-    for (int64_t g = 0; g * group < dim; ++g) {
-      const ScaleOffset so = fmt.Params(row, g);
-      const V vs = hn::Set(d, so.scale), vo = hn::Set(d, so.offset);
-      for (int64_t i = g * group; i < (g + 1) * group; i += lanes) {
-        const V x = fmt.Load(d, row, i, vs, vo);
-        for (int64_t h = 0; h < kHeads; ++h) {
-          acc[h] = hn::MulAdd(hn::LoadU(d, q + h * dim + i), x, acc[h]);
-        }
+  V acc[kRows][kPadded];
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t h = 0; h < kPadded; ++h) acc[r][h] = hn::Zero(d);
+  }
+  const int64_t group = fmt.ParamGroup();
+  for (int64_t g = 0; g * group < dim; ++g) {
+    V vs[kRows], vo[kRows];
+    for (int64_t r = 0; r < kRows; ++r) {
+      const ScaleOffset so = fmt.Params(row + r * row_bytes, g);
+      vs[r] = hn::Set(d, so.scale);
+      vo[r] = hn::Set(d, so.offset);
+    }
+    for (int64_t i = g * group; i < (g + 1) * group; i += lanes) {
+      V x[kRows];
+      for (int64_t r = 0; r < kRows; ++r) x[r] = fmt.Load(d, row + r * row_bytes, i, vs[r], vo[r]);
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const V qv = hn::LoadU(d, q + h * dim + i);
+        for (int64_t r = 0; r < kRows; ++r) acc[r][h] = hn::MulAdd(qv, x[r], acc[r][h]);
       }
     }
+  }
+  for (int64_t r = 0; r < kRows; ++r) {
     float sums[kPadded];
     for (int64_t h = 0; h < kPadded; h += 4) {
-      SumOf4(d, acc[h], acc[h + 1], acc[h + 2], acc[h + 3], sums + h);
+      SumOf4(d, acc[r][h], acc[r][h + 1], acc[r][h + 2], acc[r][h + 3], sums + h);
     }
-    for (int64_t h = 0; h < kHeads; ++h) scores[h * stride + t] = scale * sums[h];
+    for (int64_t h = 0; h < kHeads; ++h) scores[h * stride + t + r] = scale * sums[h];
   }
+}
+
+// q: [kHeads, head_dim]; scores[h * stride + t]. Two rows at a time while
+// their accumulators fit the register file (up to 4 heads), else one.
+template <int64_t kHeads, class Fmt>
+HWY_NOINLINE void ScoresPass(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
+                             const float* HWY_RESTRICT q, float scale, float* HWY_RESTRICT scores,
+                             int64_t stride) {
+  constexpr int64_t kRows = kHeads <= 4 ? 2 : 1;
+  const int64_t row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  int64_t t = 0;
+  for (; t + kRows <= n; t += kRows) {
+    ScoresRows<kHeads, kRows>(fmt, rows + t * row_bytes, t, q, scale, scores, stride);
+  }
+  for (; t < n; ++t) ScoresRows<kHeads, 1>(fmt, rows + t * row_bytes, t, q, scale, scores, stride);
 }
 
 // p: p[h * stride + t]; acc: [kHeads, head_dim].

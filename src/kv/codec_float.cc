@@ -309,8 +309,10 @@ namespace {
 
 class FloatCodec final : public KvCodec {
  public:
+  // The SIMD kernels step 16 values at a time; other head_dims (toy test
+  // models) run the scalar twins.
   FloatCodec(FloatKind kind, int64_t head_dim, CodecPath path)
-      : KvCodec(head_dim), kind_(kind), path_(path) {}
+      : KvCodec(head_dim), kind_(kind), path_(head_dim % 16 == 0 ? path : CodecPath::kReference) {}
 
   std::string Name() const override {
     switch (kind_) {

@@ -108,7 +108,10 @@ bool SameBits(float a, float b) {
 // ---------------------------------------------------------------- parser
 
 TEST(CodecParseTest, EveryNameRoundTripsWithItsLayout) {
-  for (int64_t dim : {32, 64, 96, 128, 256}) {
+  // Toy head_dims (8, 40) allow only the float codecs (scalar kernels).
+  EXPECT_EQ(AllKvCodecNames(8).size(), 5u);
+  EXPECT_FALSE(ParseKvCodec("int8", 40).ok());
+  for (int64_t dim : {8, 40, 32, 64, 96, 128, 256}) {
     for (const std::string& name : AllKvCodecNames(dim)) {
       auto codec = MustParse(name, dim);
       ASSERT_NE(codec, nullptr);
@@ -173,7 +176,7 @@ TEST(CodecParseTest, GroupMustDivideHeadDimAndHeadDimMustBeValid) {
       << g128.status().message();
   EXPECT_FALSE(ParseKvCodec("int8-g64-sym", 96).ok());
   EXPECT_TRUE(ParseKvCodec("int8-g32-sym", 96).ok());
-  for (int64_t dim : {0, -16, 40, 2048}) {
+  for (int64_t dim : {0, -16, 2048}) {
     auto codec = ParseKvCodec("f16", dim);
     ASSERT_FALSE(codec.ok()) << dim;
     EXPECT_NE(codec.status().message().find("head_dim"), std::string::npos);
@@ -306,7 +309,7 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
 TEST_P(CodecSimdTest, EncodeDecodeBitExactAndFusedKernelsMatchDecode) {
   std::mt19937 rng(2024);
   const int64_t lengths[] = {0, 1, 2, 7, 33, 1001};
-  for (int64_t dim : {32, 64, 96, 128}) {
+  for (int64_t dim : {8, 32, 64, 96, 128}) {
     for (const std::string& name : AllKvCodecNames(dim)) {
       for (RowKind kind : kAllKinds) {
         for (int64_t n : lengths) {

@@ -100,14 +100,22 @@ struct Fp8Fmt {
   float scale;
   int32_t max_code;
   KVQ_NO_GROUP_PARAMS
+  static float Rebias() { return BitsToFloat(static_cast<uint32_t>(254 - kBias) << 23); }
+  // One multiply by Rebias() * scale rounds the same exact product
+  // (value * scale) once, like the two multiplies, whenever that constant is
+  // itself exact: scale * 2^(127 - bias) finite (scale >= FLT_MIN always).
+  bool SingleMultiply() const { return scale < std::numeric_limits<float>::max() / Rebias(); }
   HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const DI di;
-    const VI code = hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, D>(), row + i));
+    // Sign-extended: bit 31 is the fp8 sign, bits 0-6 the magnitude.
+    const VI code = hn::PromoteTo(
+        di, hn::LoadU(hn::Rebind<int8_t, D>(), reinterpret_cast<const int8_t*>(row) + i));
     const VI magnitude = hn::And(code, hn::Set(di, 0x7F));
-    const VI sign = hn::ShiftLeft<24>(hn::And(code, hn::Set(di, 0x80)));
+    const VI sign = hn::And(code, hn::Set(di, static_cast<int32_t>(0x80000000u)));
     const VF raw = hn::BitCast(d, hn::Or(sign, hn::ShiftLeft<23 - kMantissa>(magnitude)));
-    const VF rebias = hn::Set(d, BitsToFloat(static_cast<uint32_t>(254 - kBias) << 23));
-    const VF value = hn::Mul(hn::Mul(raw, rebias), hn::Set(d, scale));
+    const VF value = SingleMultiply()
+                         ? hn::Mul(raw, hn::Set(d, Rebias() * scale))
+                         : hn::Mul(hn::Mul(raw, hn::Set(d, Rebias())), hn::Set(d, scale));
     return hn::IfThenElse(hn::RebindMask(d, hn::Gt(magnitude, hn::Set(di, max_code))),
                           hn::Set(d, std::numeric_limits<float>::quiet_NaN()), value);
   }

@@ -47,12 +47,13 @@ enum class RowKind {
   kOutlier,    // N(0, 1) plus one value of 1000
   kNegative,   // -|N(0, 1)| - 0.5
   kLarge,      // N(0, 3e4): f16-range edge for asym mins
+  kHuge,       // N(0, 3e6): f16 overflows, asym mins saturate, fp8 scales > 2^8
   kTiny,       // N(0, 1e-6): f16 subnormal scales
   kWideRange,  // log-uniform magnitudes 2^-20 .. 2^12, random signs
 };
 constexpr RowKind kAllKinds[] = {RowKind::kNormal,  RowKind::kZeros,    RowKind::kConstant,
                                  RowKind::kOutlier, RowKind::kNegative, RowKind::kLarge,
-                                 RowKind::kTiny,    RowKind::kWideRange};
+                                 RowKind::kHuge,    RowKind::kTiny,     RowKind::kWideRange};
 
 // x: [n, dim], every row of the given kind.
 std::vector<float> MakeRows(RowKind kind, int64_t n, int64_t dim, std::mt19937& rng) {
@@ -81,6 +82,9 @@ std::vector<float> MakeRows(RowKind kind, int64_t n, int64_t dim, std::mt19937& 
           break;
         case RowKind::kLarge:
           v = normal(rng) * 3e4f;
+          break;
+        case RowKind::kHuge:
+          v = normal(rng) * 3e6f;
           break;
         case RowKind::kTiny:
           v = normal(rng) * 1e-6f;

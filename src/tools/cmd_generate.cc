@@ -5,6 +5,7 @@
 #include "base/threads.h"
 #include "engine/generate.h"
 #include "engine/loaded_model.h"
+#include "engine/planner.h"
 #include "kv/dense_cache.h"
 #include "tools/commands.h"
 
@@ -41,6 +42,16 @@ int RunGenerate(const GenerateFlags& flags) {
   const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
   auto cache = MakeDenseKvCache(loaded->transformer->kv_shape(), *kv_type, context, threads);
 
+  // What the planner predicts for this cache (kvq plan shows the details).
+  KvCacheOptions kv_options;
+  kv_options.k_type = kv_options.v_type = flags.kv_cache_dtype;
+  kv_options.max_tokens = context;
+  auto kv_plan = PlanKvType(loaded->transformer->kv_shape(), kv_options);
+  if (!kv_plan.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", kv_plan.status().message().c_str());
+    return 1;
+  }
+
   GenerateOptions options;
   options.max_new_tokens = flags.max_new_tokens;
   options.chat = flags.chat;
@@ -68,14 +79,17 @@ int RunGenerate(const GenerateFlags& flags) {
                "  decode:  %lld tokens in %.3f s (%.1f tokens/s), stop: %s\n"
                "  bytes read per decoded token: %.2f MB (weights %.2f MB + KV %.3f MB)"
                " -> %.2f GB/s\n"
-               "  KV cache at end: %.3f MB; peak RSS: %.1f MB\n",
+               "  KV cache at end: %.3f MB; peak RSS: %.1f MB\n"
+               "  KV plan: %.1f bytes/token (nominal %.1f), %zu-byte blocks of %lld tokens\n",
                loaded->path.c_str(), threads, cache->TypeName(),
                static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds,
                stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
                static_cast<long long>(stats.generated_tokens), stats.decode_seconds, decode_tps,
                stats.stop_reason.c_str(), bytes_per_token / 1e6, stats.weight_bytes_per_token / 1e6,
                stats.kv_bytes_per_token / 1e6, bytes_per_token * decode_tps / 1e9,
-               stats.kv_bytes_final / 1e6, stats.peak_rss_bytes / 1e6);
+               stats.kv_bytes_final / 1e6, stats.peak_rss_bytes / 1e6,
+               kv_plan->layout.BytesPerToken(), kv_plan->nominal_bytes_per_token,
+               kv_plan->layout.block_bytes, (long long)kv_plan->layout.block_tokens);
   return 0;
 }
 

@@ -83,9 +83,10 @@ StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& opti
   plan.k_type = options.k_type;
   plan.v_type = options.v_type;
   plan.rotate = options.rotate;
+  // The cache's own parser speaks first: its error lists what this build has.
+  KVQ_ASSIGN_OR_RETURN(plan.layout, ComputeKvLayout(shape, options));
   KVQ_ASSIGN_OR_RETURN(plan.k_bits, NominalBits(options.k_type));
   KVQ_ASSIGN_OR_RETURN(plan.v_bits, NominalBits(options.v_type));
-  KVQ_ASSIGN_OR_RETURN(plan.layout, ComputeKvLayout(shape, options));
   plan.k_bytes_per_token_layer = shape.num_kv_heads * plan.layout.k_row_bytes;
   plan.v_bytes_per_token_layer = shape.num_kv_heads * plan.layout.v_row_bytes;
   plan.nominal_bytes_per_token = NominalKvBytesPerToken(shape, plan.k_bits, plan.v_bits);

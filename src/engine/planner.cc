@@ -87,8 +87,9 @@ StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& opti
   KVQ_ASSIGN_OR_RETURN(plan.layout, ComputeKvLayout(shape, options));
   KVQ_ASSIGN_OR_RETURN(plan.k_bits, NominalBits(options.k_type));
   KVQ_ASSIGN_OR_RETURN(plan.v_bits, NominalBits(options.v_type));
-  plan.k_bytes_per_token_layer = shape.num_kv_heads * plan.layout.k_row_bytes;
-  plan.v_bytes_per_token_layer = shape.num_kv_heads * plan.layout.v_row_bytes;
+  const double tokens = static_cast<double>(plan.layout.block_tokens);
+  plan.k_bytes_per_token_layer = shape.num_kv_heads * plan.layout.k_tile_bytes / tokens;
+  plan.v_bytes_per_token_layer = shape.num_kv_heads * plan.layout.v_tile_bytes / tokens;
   plan.nominal_bytes_per_token = NominalKvBytesPerToken(shape, plan.k_bits, plan.v_bits);
   return plan;
 }
@@ -120,44 +121,6 @@ FitAnswer PlanFit(const KvLayout& layout, double weight_bytes, double memory_byt
     a.max_batch = static_cast<int64_t>(std::floor(room / (block * blocks_per_seq)));
   }
   return a;
-}
-
-StatusOr<double> ParseMemoryAmount(const std::string& text, double ram_bytes) {
-  const auto bad = [&text] {
-    return Status::Error("bad memory amount '" + text +
-                         "' (bytes with an optional suffix K/M/G/T (decimal) or KiB/MiB/GiB/TiB, "
-                         "or a fraction of RAM in (0, 1] such as 0.5)");
-  };
-  if (text.empty()) return bad();
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || !std::isfinite(value) || value <= 0) return bad();
-  std::string suffix(end);
-  for (char& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  if (suffix.empty()) {
-    if (value <= 1.0) {
-      if (ram_bytes <= 0) return Status::Error("cannot use a fraction of RAM: RAM size unknown");
-      return value * ram_bytes;
-    }
-    return std::floor(value);
-  }
-  static const std::pair<const char*, double> kUnits[] = {{"B", 1},
-                                                          {"K", 1e3},
-                                                          {"KB", 1e3},
-                                                          {"M", 1e6},
-                                                          {"MB", 1e6},
-                                                          {"G", 1e9},
-                                                          {"GB", 1e9},
-                                                          {"T", 1e12},
-                                                          {"TB", 1e12},
-                                                          {"KIB", 1024.0},
-                                                          {"MIB", 1048576.0},
-                                                          {"GIB", 1073741824.0},
-                                                          {"TIB", 1099511627776.0}};
-  for (const auto& [name, scale] : kUnits) {
-    if (suffix == name) return std::floor(value * scale);
-  }
-  return bad();
 }
 
 double PhysicalRamBytes() {

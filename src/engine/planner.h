@@ -47,9 +47,10 @@ struct KvTypePlan {
   bool rotate = false;
   int k_bits = 0, v_bits = 0;  // nominal
   KvLayout layout;             // exact
-  // Exact bytes per token of one layer (all KV heads), K and V separately.
-  size_t k_bytes_per_token_layer = 0;
-  size_t v_bytes_per_token_layer = 0;
+  // Exact bytes per token of one layer (all KV heads, tile padding included),
+  // K and V separately.
+  double k_bytes_per_token_layer = 0;
+  double v_bytes_per_token_layer = 0;
   double nominal_bytes_per_token = 0;
 };
 StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& options);
@@ -69,9 +70,6 @@ struct FitAnswer {
 FitAnswer PlanFit(const KvLayout& layout, double weight_bytes, double memory_bytes, int64_t batch,
                   int64_t context);
 
-// "16G", "16GB" (decimal), "16GiB", "512M", "123456" (bytes), or a fraction
-// of `ram_bytes` such as "0.5". Errors name the text.
-StatusOr<double> ParseMemoryAmount(const std::string& text, double ram_bytes);
 // Physical RAM of this machine in bytes (0 if unknown).
 double PhysicalRamBytes();
 

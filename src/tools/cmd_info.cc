@@ -125,7 +125,7 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
     KVQ_ASSIGN_OR_RETURN(KvTypePlan plan,
                          PlanKvType({c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim}, kv));
     std::printf(
-        "KV plan %s:  %.1f bytes/token exact (nominal %.1f; K %zu + V %zu per layer), "
+        "KV plan %s:  %.1f bytes/token exact (nominal %.1f; K %g + V %g per layer), "
         "%zu-byte blocks of %lld tokens\n",
         kv_type.c_str(), plan.layout.BytesPerToken(), plan.nominal_bytes_per_token,
         plan.k_bytes_per_token_layer, plan.v_bytes_per_token_layer, plan.layout.block_bytes,

@@ -15,7 +15,7 @@
 #include "engine/planner.h"
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
-#include "tools/kv_flags_interim.h"
+#include "tools/kv_flags.h"
 
 namespace kvq {
 namespace {
@@ -30,7 +30,7 @@ struct PerplexityFlags {
   std::string save_logits;
   bool save_logits_f32 = false;
   std::string kl_divergence;
-  InterimKvFlags kv;
+  KvFlags kv;
 };
 
 int Fail(const std::string& message) {
@@ -46,7 +46,7 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) return Fail(loaded.status().message());
-  auto options = InterimKvFlagsToOptions(flags.kv, flags.context, threads);
+  auto options = KvFlagsToOptions(flags.kv, flags.context, threads);
   if (!options.ok()) return Fail(options.status().message());
   const KvShape shape = loaded->transformer->kv_shape();
   auto plan = PlanKvType(shape, *options);
@@ -148,7 +148,7 @@ void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx) {
                 "KL of ~1e-6 nats: use f32 to compare near-lossless caches such as f16");
   cmd->add_option("--kl-divergence", flags->kl_divergence,
                   "Compare against a --save-logits file: KL(base || this), top-1 agreement");
-  AddInterimKvCacheFlags(*cmd, &flags->kv);
+  AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunPerplexityCommand(*flags); });
 }
 

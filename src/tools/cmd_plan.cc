@@ -12,7 +12,7 @@
 #include "engine/planner.h"
 #include "model/model_presets.h"
 #include "tools/commands.h"
-#include "tools/kv_flags_interim.h"
+#include "tools/kv_flags.h"
 
 namespace kvq {
 namespace {
@@ -26,7 +26,7 @@ struct PlanFlags {
   std::vector<std::string> types;
   bool json = false;
   bool list_presets = false;
-  InterimKvFlags kv;
+  KvFlags kv;
 };
 
 std::string Gb(double bytes) {
@@ -93,13 +93,13 @@ int RunPlan(const PlanFlags& flags) {
   double memory = ram;
   std::string memory_label = "this machine's RAM";
   if (!flags.memory.empty()) {
-    auto parsed = ParseMemoryAmount(flags.memory, ram);
+    auto parsed = ParseKvMemory(flags.memory, static_cast<size_t>(ram));
     if (!parsed.ok()) return Fail(parsed.status().message());
-    memory = *parsed;
+    memory = static_cast<double>(*parsed);
     memory_label = "--memory " + flags.memory;
   }
 
-  auto options = InterimKvFlagsToOptions(flags.kv, context, 0);
+  auto options = KvFlagsToOptions(flags.kv, context, 0);
   if (!options.ok()) return Fail(options.status().message());
   {
     // Warn before anything can fail, so the advice shows with any error.
@@ -226,7 +226,7 @@ int RunPlan(const PlanFlags& flags) {
     char over[16], kv[32];
     std::snprintf(over, sizeof(over), "%+.1f%%",
                   100.0 * (p.layout.BytesPerToken() / p.nominal_bytes_per_token - 1.0));
-    std::snprintf(kv, sizeof(kv), "%zu+%zu", p.k_bytes_per_token_layer, p.v_bytes_per_token_layer);
+    std::snprintf(kv, sizeof(kv), "%g+%g", p.k_bytes_per_token_layer, p.v_bytes_per_token_layer);
     std::printf("%-14s %-8s %5s %10.1f %8s %15s", "", "exact", "", p.layout.BytesPerToken(), over,
                 kv);
     for (int64_t ctx : contexts)
@@ -266,8 +266,8 @@ void RegisterPlanCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-b,--batch", flags->batch, "Sequences (default 1)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--memory", flags->memory,
-                  "Budget for weights + KV: bytes (suffix K/M/G/T decimal, KiB/MiB/GiB/TiB) or a "
-                  "fraction of RAM such as 0.5 (default: this machine's RAM)");
+                  "Budget for weights + KV, parsed like --kv-memory: bytes (512M, 8G = GiB, 8GB = "
+                  "10^9) or a fraction of RAM like 0.5 (default: this machine's RAM)");
   cmd->add_option("--weights-dtype", flags->weights_dtype,
                   "For presets: weights stored as f32, f16, bf16 or q8_0 (default f16)");
   cmd->add_option("--types", flags->types,
@@ -275,7 +275,7 @@ void RegisterPlanCommand(CLI::App& app, CommandContext& ctx) {
       ->delimiter(',');
   cmd->add_flag("--json", flags->json, "Machine-readable output");
   cmd->add_flag("--list-presets", flags->list_presets, "List the model presets and exit");
-  AddInterimKvCacheFlags(*cmd, &flags->kv);
+  AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunPlan(*flags); });
 }
 

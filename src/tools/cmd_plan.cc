@@ -35,6 +35,19 @@ std::string Gb(double bytes) {
   return buf;
 }
 
+// Decimal bytes in the largest unit that keeps a leading digit: "1.07 GB".
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) {
+    bytes /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
 // Table cells in the table's unit (GB, or MB for small models).
 std::string Cell(double bytes, double unit) {
   char buf[32];
@@ -235,13 +248,15 @@ int RunPlan(const PlanFlags& flags) {
     std::printf("\n");
   }
 
-  std::printf("\nplan:     K %s / V %s%s, batch %lld x context %lld\n", selected->k_type.c_str(),
+  std::printf("\nplan:     K %s / V %s%s, batch %lld x context %lld%s\n", selected->k_type.c_str(),
               selected->v_type.c_str(), selected->rotate ? " (rotated)" : "",
-              (long long)flags.batch, (long long)context);
-  std::printf("          KV %s GB exact (nominal %s GB) + weights %s GB (%s) = %s GB\n",
-              Gb(fit.kv_bytes).c_str(), Gb(NominalKvBytes(*selected, flags.batch, context)).c_str(),
-              Gb(weight_bytes).c_str(), weight_label.c_str(), Gb(fit.total_bytes).c_str());
-  std::printf("          memory %s GB (%s): %s\n", Gb(memory).c_str(), memory_label.c_str(),
+              (long long)flags.batch, (long long)context,
+              context > c.max_position_embeddings ? " (beyond the model's trained context)" : "");
+  std::printf("          KV %s exact (nominal %s) + weights %s (%s) = %s\n",
+              Human(fit.kv_bytes).c_str(),
+              Human(NominalKvBytes(*selected, flags.batch, context)).c_str(),
+              Human(weight_bytes).c_str(), weight_label.c_str(), Human(fit.total_bytes).c_str());
+  std::printf("          memory %s (%s): %s\n", Human(memory).c_str(), memory_label.c_str(),
               fit.fits ? "fits" : "does NOT fit");
   std::printf("          largest context at batch %lld: %lld tokens%s\n", (long long)flags.batch,
               (long long)fit.max_context,

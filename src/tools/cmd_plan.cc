@@ -29,12 +29,6 @@ struct PlanFlags {
   KvFlags kv;
 };
 
-std::string Gb(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", bytes / 1e9);
-  return buf;
-}
-
 // Decimal bytes in the largest unit that keeps a leading digit: "1.07 GB".
 std::string Human(double bytes) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
@@ -210,8 +204,8 @@ int RunPlan(const PlanFlags& flags) {
               model->weights_from_file ? "stored as" : "if stored as");
   for (size_t i = 0; i < model->weight_bytes.size(); ++i) {
     const auto& [dtype, bytes] = model->weight_bytes[i];
-    std::printf("%s %s %s GB", i == 0 ? "" : (model->weights_from_file ? " +" : " |"),
-                dtype.c_str(), Gb(static_cast<double>(bytes)).c_str());
+    std::printf("%s %s %s", i == 0 ? "" : (model->weights_from_file ? " +" : " |"), dtype.c_str(),
+                Human(static_cast<double>(bytes)).c_str());
   }
   std::printf("\n");
   // GB unless even 128K tokens of f16 stay under 1 GB.

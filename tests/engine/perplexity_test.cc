@@ -237,6 +237,28 @@ TEST_F(PerplexityTest, MismatchedLogitsFilesAreClearErrors) {
   other_text[40] = '#';
   EXPECT_NE(error_of(other_text, options).find("token 40 differs"), std::string::npos);
 
+  // A well-formed file from a model with another vocabulary.
+  {
+    const std::string other_vocab = File("vocab300.logits");
+    LogitsFileHeader h;
+    h.n_vocab = 300;
+    h.n_ctx = 32;
+    h.first = 16;
+    h.n_windows = 1;
+    h.tokens.assign(32, 1);
+    auto w = LogitsFileWriter::Create(other_vocab, h);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    std::vector<double> row(300, -std::log(300.0));
+    for (int64_t r = 0; r < h.RowsPerWindow(); ++r)
+      ASSERT_TRUE((*w)->WriteRow(0, 5.7f, row.data()).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+    PerplexityOptions v = options;
+    v.kl_base_path = other_vocab;
+    v.max_windows = 1;
+    EXPECT_NE(error_of(text, v).find("vocabulary of 300 tokens, this model has 257"),
+              std::string::npos);
+  }
+
   const std::string garbage = File("garbage.logits");
   std::ofstream(garbage) << "not a logits file at all, just text";
   PerplexityOptions g = options;

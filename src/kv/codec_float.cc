@@ -260,6 +260,7 @@ uint8_t Fp8EncodeRef(float y, const Fp8Format& f) {
   if (std::isnan(y)) return sign | f.nan_code;
   const double a = std::fabs(static_cast<double>(y));
   if (a >= f.max_finite) return sign | f.max_code;
+  if (a == 0.0) return sign;
   const int min_exponent = 1 - f.bias;
   int frexp_exponent = 0;
   std::frexp(a, &frexp_exponent);  // a = m * 2^frexp_exponent, m in [0.5, 1)

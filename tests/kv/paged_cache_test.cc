@@ -248,7 +248,7 @@ TEST(PagedKvCache, RotationLeavesF32AttentionUnchanged) {
   KvCacheOptions bad;
   bad.rotate = true;
   bad.max_tokens = 16;
-  EXPECT_FALSE(PagedKvCache::Create(KvShape{1, 2, 1, 48}, bad).ok());  // 48 is not a power of 2
+  EXPECT_FALSE(PagedKvCache::Create(KvShape{1, 2, 1, 48}, bad).ok());  // 48: not a power of 2
 }
 
 // With a lossy codec the rotated cache must equal, up to f32 rounding,
@@ -277,9 +277,9 @@ TEST(PagedKvCache, RotatedLossyCodecsMatchReferenceInTheRotatedDomain) {
       cache->Attend(0, 0, n, q.data(), scale, out.data());
       std::vector<float> k(static_cast<size_t>(total * 2 * 64)), v(k.size());
       ASSERT_TRUE(cache->DecodeLayer(0, 0, k.data(), v.data()).ok());
-      HadamardRotate(q.data(), n * 8, 64);
+      ASSERT_TRUE(HadamardRotate(q.data(), n * 8, 64).ok());
       AttentionRef(q.data(), k.data(), v.data(), n, total, 8, 2, 64, scale, expected.data());
-      HadamardUnrotate(expected.data(), n * 8, 64);
+      ASSERT_TRUE(HadamardUnrotate(expected.data(), n * 8, 64).ok());
       EXPECT_LE(Nmse(out, expected), kKernelBound) << "n " << n;
     }
   }

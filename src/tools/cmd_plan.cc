@@ -101,7 +101,12 @@ int RunPlan(const PlanFlags& flags) {
   std::string memory_label = "this machine's RAM";
   if (!flags.memory.empty()) {
     auto parsed = ParseKvMemory(flags.memory, static_cast<size_t>(ram));
-    if (!parsed.ok()) return Fail(parsed.status().message());
+    if (!parsed.ok()) {
+      // Same syntax as --kv-memory; name the flag the user actually gave.
+      std::string message = parsed.status().message();
+      if (message.rfind("--kv-memory", 0) == 0) message.replace(0, 11, "--memory");
+      return Fail(message);
+    }
     memory = static_cast<double>(*parsed);
     memory_label = "--memory " + flags.memory;
   }

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -92,7 +93,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/kvq-tiny-qwen2")
     ap.add_argument("--corpus", default=".deps/corpus")
-    ap.add_argument("--run", default="/var/cache/kvq/train/run", help="training folder (metrics, log, ckpt)")
+    ap.add_argument("--run", default="", help="training folder of the stage just exported (train.log, metrics.jsonl)")
+    ap.add_argument("--stage", type=int, default=0,
+                    help="with --run: keep its log and metrics as training/stage<N>.* in the model folder")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--gen-tokens", type=int, default=48)
     ap.add_argument("--max-test-tokens", type=int, default=0, help="debug: evaluate only a prefix")
@@ -154,7 +157,13 @@ def main():
     res["eval_seconds"] = time.time() - t0
     with open(os.path.join(args.model, "eval.json"), "w") as f:
         json.dump(res, f, indent=1)
-    model_card.write(args.model, args.run, args.corpus, res)
+    if args.run:
+        if args.stage <= 0:
+            raise SystemExit("--run needs --stage N (the stage number this run is)")
+        os.makedirs(os.path.join(args.model, "training"), exist_ok=True)
+        for name in ("train.log", "metrics.jsonl"):
+            shutil.copyfile(os.path.join(args.run, name), os.path.join(args.model, "training", f"stage{args.stage}.{name}"))
+    model_card.write(args.model, args.corpus, res)
     print(f"wrote {args.model}/eval.json, README.md, loss_curve.png ({time.time() - t0:.0f}s)")
 
 

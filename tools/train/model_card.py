@@ -11,10 +11,10 @@ import numpy as np
 _RUNTIME_ARGS = {"deadline", "time_budget", "fit_deadline", "bench", "max_steps_at", "ckpt_every"}
 
 
-def training_summary(run):
-    """Parse train.log: args, schedule changes, and the last checkpointed step."""
+def training_summary(log_path):
+    """Parse a train.log: args, schedule changes, and the final line."""
     args, changes, last_step, final = None, [], 0, None
-    with open(os.path.join(run, "train.log")) as f:
+    with open(log_path) as f:
         for line in f:
             body = line.split(" ", 1)[1].strip() if " " in line else line
             if body.startswith("args ") and args is None:
@@ -44,22 +44,51 @@ def command(args, changes):
     return " \\\n    ".join(parts)
 
 
-def read_metrics(run):
+def read_metrics(path):
     train, valid = [], []
-    with open(os.path.join(run, "metrics.jsonl")) as f:
+    with open(path) as f:
         for line in f:
             r = json.loads(line)
             (valid if "valid_loss" in r else train).append(r)
     return train, valid
 
 
-def loss_curve(path, train, valid):
+def load_stages(model_dir):
+    """Training stages kept with the model in training/: stageN.train.log + stageN.metrics.jsonl
+    (copied from the run folder by evaluate.py --stage N), or stageN.json (a summary, for a stage
+    whose logs no longer exist). Each stage continues from the previous stage's weights."""
+    folder = os.path.join(model_dir, "training")
+    numbers = sorted({int(m.group(1)) for f in os.listdir(folder) if (m := re.match(r"stage(\d+)\.", f))})
+    stages, offset = [], 0
+    for n in numbers:
+        log = os.path.join(folder, f"stage{n}.train.log")
+        if os.path.exists(log):
+            args, changes, _ = training_summary(log)
+            train, valid = read_metrics(os.path.join(folder, f"stage{n}.metrics.jsonl"))
+            train = list({r["step"]: r for r in train}.values())  # a resumed run may repeat steps
+            valid = list({r["step"]: r for r in valid}.values())
+            steps = max(r["step"] for r in train)
+            st = {"stage": n, "args": args, "changes": changes, "steps": steps,
+                  "tokens": steps * args["batch"] * args["seq"], "train": train, "valid": valid,
+                  "median_tok_s": float(np.median([r["tok_s"] for r in train])),
+                  "final_train_loss": float(np.mean([r["loss"] for r in train][-25:])),
+                  "final_valid_loss": valid[-1]["valid_loss"] if valid else float("nan"), "note": ""}
+        else:
+            with open(os.path.join(folder, f"stage{n}.json")) as f:
+                st = json.load(f)
+            st.update(train=[], valid=[], changes=[tuple(c) for c in st["changes"]])
+        st["token_offset"] = offset
+        offset += st["tokens"]
+        stages.append(st)
+    return stages
+
+
+def loss_curve(path, stages):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    # A resumed run may repeat steps: keep the last record per step.
-    train = list({r["step"]: r for r in train}.values())
-    valid = list({r["step"]: r for r in valid}.values())
+    train = [dict(r, tokens=r["tokens"] + s["token_offset"]) for s in stages for r in s["train"]]
+    valid = [dict(r, tokens=r["tokens"] + s["token_offset"]) for s in stages for r in s["valid"]]
     x = np.array([r["tokens"] for r in train]) / 1e6
     y = np.array([r["loss"] for r in train])
     w = min(25, len(y))
@@ -69,7 +98,16 @@ def loss_curve(path, train, valid):
     ax.plot(x[w - 1:], smooth, color="C0", lw=1.5, label=f"train ({w}-step mean)")
     if valid:
         ax.plot([r["tokens"] / 1e6 for r in valid], [r["valid_loss"] for r in valid], "o-", color="C3", label="validation")
-    ax.set_xlabel("training tokens (millions)")
+    for st in stages[1:]:
+        ax.axvline(st["token_offset"] / 1e6, color="#888", ls="--", lw=0.8)
+        ax.text(st["token_offset"] / 1e6, ax.get_ylim()[1], f" stage {st['stage']}", va="top", fontsize=8)
+    missing = [st["stage"] for st in stages if not st["train"]]
+    for st in stages:
+        if not st["train"]:
+            ax.plot([(st["token_offset"] + st["tokens"]) / 1e6], [st["final_valid_loss"]], "s", color="C3", mfc="none",
+                    label=f"validation at the end of stage {st['stage']}")
+    ax.set_xlabel("training tokens (millions)" +
+                  (f"; stage {', '.join(map(str, missing))} log lost, only its length is shown" if missing else ""))
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_ylim(max(0, min(y.min(), smooth.min()) - 0.3), min(9.5, float(y.max()) + 0.2))
     ax.grid(alpha=0.3)
@@ -79,30 +117,49 @@ def loss_curve(path, train, valid):
     plt.close(fig)
 
 
-def write(model_dir, run, corpus, res):
+def stage_row(st):
+    lr = st["args"]["lr"]
+    return (f"| {st['stage']} | {'from scratch' if st['stage'] == 1 else 'stage ' + str(st['stage'] - 1) + ' weights'} "
+            f"| {st['steps']:,} | {st['tokens']:,} | {lr} | {st['args']['seed']} | {st['args'].get('autocast', 'none')} "
+            f"| {st['median_tok_s']:.0f} | {st['final_train_loss']:.3f} | {st['final_valid_loss']:.3f} |")
+
+
+def stage_command(st, previous):
+    init = ""
+    if previous:
+        commit = previous.get("weights_commit") or "<the commit that added them>"
+        init = (f"# stage {st['stage']} starts from stage {previous['stage']}'s weights, the model folder as "
+                f"committed after it:\nmkdir -p /tmp/stage{previous['stage']} && git archive {commit} "
+                f"models/kvq-tiny-qwen2 | tar -x -C /tmp/stage{previous['stage']}\n")
+    args = dict(st["args"])
+    if args.get("init_from"):
+        args["init_from"] = f"/tmp/stage{st['stage'] - 1}/models/kvq-tiny-qwen2"
+    if st["stage"] > 1:
+        args["out"] = f"/var/cache/kvq/train/run{st['stage']}"
+    return init + command(args, st["changes"])
+
+
+def write(model_dir, corpus, res):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(corpus, "sources.json")) as f:
         sources = json.load(f)
-    args, changes, final = training_summary(run)
-    train, valid = read_metrics(run)
-    loss_curve(os.path.join(model_dir, "loss_curve.png"), train, valid)
-    steps = max(r["step"] for r in train)
-    tokens = steps * args["batch"] * args["seq"]
-    tps = float(np.median([r["tok_s"] for r in train]))
-    final_train = float(np.mean([r["loss"] for r in train][-25:]))
-    final_valid = valid[-1]["valid_loss"] if valid else float("nan")
+    stages = load_stages(model_dir)
+    loss_curve(os.path.join(model_dir, "loss_curve.png"), stages)
+    args = stages[-1]["args"]
+    tokens = sum(st["tokens"] for st in stages)
+    final_train, final_valid = stages[-1]["final_train_loss"], stages[-1]["final_valid_loss"]
     n_params = sum(int(np.prod(s)) for s in _shapes(cfg))
     st = sources["stats"]
     train_tokens = os.path.getsize(os.path.join(corpus, "train.bin")) // 2
-    schedule_note = ("The schedule length changed during the run (shortened to fit a wall-clock deadline by "
-                     "`--fit-deadline`, extended when a finished run was continued); the command below "
-                     "replays exactly the same schedule with `--max-steps-at`. " if changes else "")
+    stage_rows = "\n".join(stage_row(st) for st in stages)
+    stage_notes = "".join(f"\n\nStage {st['stage']}: {st['note']}" for st in stages if st.get("note"))
+    commands = "\n".join(stage_command(st, stages[i - 1] if i else None) for i, st in enumerate(stages))
     r = res
     ok = r["ratio_transformer_to_bigram_ppl"] <= 0.5
-    under = (f" The model is under-trained: {tokens:,} tokens ({tokens / train_tokens:.2f} epochs) were all "
-             "a shared 2-core CPU allowed in one session. Continuing the run (see `tools/train/README.md`) "
-             "is the way to improve it; the numbers here are honest numbers for this checkpoint.")
+    under = (f" The model is under-trained: {tokens:,} tokens ({tokens / train_tokens:.2f} epochs) so far, on a "
+             "shared 2-core CPU. Another stage (see `tools/train/README.md`) is the way to improve it; the numbers "
+             "here are honest numbers for this checkpoint.")
     src_rows = "\n".join(f"| {s['name']} | {s['package']} | {s['license']} |" for s in sources["sources"])
     samples = "\n\n".join(f"**{s['mode']}** — prompt `{s['prompt']}`:\n\n> {s['text'].replace(chr(10), ' ')}"
                           for s in r["samples"])
@@ -147,23 +204,29 @@ input file in `.deps/corpus/sources.json`, both written by `tools/train/build_co
 ## Training
 
 Plain PyTorch {_torch_version()} on a shared 2-core CPU: AdamW (β 0.9/0.95, weight decay
-{args['weight_decay']}), peak LR {args['lr']}, {args['warmup']} warm-up steps then cosine decay to
-{args['min_lr_frac']}×, gradient clip {args['clip']}, batch {args['batch']} × {args['seq']} tokens, seed {args['seed']}.
-Steps: {steps} ({tokens:,} tokens, {tokens / train_tokens:.2f} epochs of the {train_tokens:,}-token train split).
-Median throughput {tps:.0f} tokens/s (the CPU was shared with C++ builds, so throughput varied a lot).
+{args['weight_decay']}), {args['warmup']} warm-up steps then cosine decay to {args['min_lr_frac']}× of the peak LR,
+gradient clip {args['clip']}, batch {args['batch']} × {args['seq']} tokens. Training ran in stages (one per work
+session, since a session may end mid-run); each stage after the first starts from the previous stage's exported
+weights with a fresh optimizer and its own seed (so it draws different windows) and schedule.
+"bf16" stages ran matmuls under `torch.autocast` bfloat16 (weights, optimizer and validation in float32).
+Total: {tokens:,} tokens ({tokens / train_tokens:.2f} epochs of the {train_tokens:,}-token train split).
 Final train loss {final_train:.3f} (mean of the last 25 steps), validation loss {final_valid:.3f}.
+
+| stage | starts from | steps | tokens | peak LR | seed | matmuls | median tokens/s | final train loss | final valid loss |
+|---|---|---|---|---|---|---|---|---|---|
+{stage_rows}{stage_notes}
 
 ![loss curve](loss_curve.png)
 
-{schedule_note}Re-running the training command resumes from the last checkpoint in `--out`
-(checkpoints every 10 minutes; data order depends only on seed and step):
+Commands (`--max-steps-at` replays the schedule changes `--fit-deadline` made to finish by a deadline; re-running
+a stage's command resumes from the last checkpoint in its `--out`; data order depends only on seed and step):
 
 ```
 /usr/bin/python3 tools/train/build_corpus.py .deps
 /usr/bin/python3 tools/train/train_tokenizer.py --corpus .deps/corpus
-{command(args, changes)}
-/usr/bin/python3 tools/train/export.py --ckpt {args['out']}/ckpt.pt --out models/kvq-tiny-qwen2 --golden tests/golden/kvq-tiny-qwen2.golden
-/usr/bin/python3 tools/train/evaluate.py --model models/kvq-tiny-qwen2 --run {args['out']}
+{commands}
+/usr/bin/python3 tools/train/export.py --ckpt /var/cache/kvq/train/run{len(stages)}/ckpt.pt --out models/kvq-tiny-qwen2 --golden tests/golden/kvq-tiny-qwen2.golden
+/usr/bin/python3 tools/train/evaluate.py --model models/kvq-tiny-qwen2 --run /var/cache/kvq/train/run{len(stages)} --stage {len(stages)}
 ```
 (Debian's `/usr/bin/python3` with `python3-torch`, `python3-numpy`, `python3-regex`,
 `python3-matplotlib`. The two environment variables only change speed on a busy CPU:

@@ -9,8 +9,9 @@ resumes from it.  Logs go to stdout and OUT/train.log; metrics (one JSON per
 line) to OUT/metrics.jsonl for the loss curve.
 
 Stopping: after --max-steps, or earlier at --deadline (UTC "YYYY-mm-ddTHH:MM")
-or --time-budget seconds.  With --fit-deadline the cosine schedule is shortened
-(never lengthened) so that it completes by the deadline at the measured speed;
+or --time-budget seconds.  With --fit-deadline the cosine schedule's length follows
+the measured speed (shorter when the CPU is busy, longer -- up to --max-steps -- when
+it is quiet) so that it completes by the deadline;
 each change is logged as "fit-deadline: max_steps A -> B at step S" and can be
 replayed exactly with --max-steps-at S:B,... (what the model card's command does).
 
@@ -54,7 +55,7 @@ def get_args(argv=None):
     ap.add_argument("--max-tokens", type=int, default=0, help="if >0, overrides --max-steps")
     ap.add_argument("--deadline", default="", help="UTC 'YYYY-mm-ddTHH:MM': stop (and checkpoint) by then")
     ap.add_argument("--time-budget", type=float, default=0, help="seconds from start of this process")
-    ap.add_argument("--fit-deadline", action="store_true", help="shorten the schedule to finish by the deadline")
+    ap.add_argument("--fit-deadline", action="store_true", help="fit the schedule length to the deadline at the measured speed (<= --max-steps)")
     ap.add_argument("--max-steps-at", default="",
                     help="replay schedule changes of a --fit-deadline run: 'STEP:MAX_STEPS,...'")
     ap.add_argument("--ckpt-every", type=float, default=600, help="seconds between checkpoints")
@@ -219,10 +220,12 @@ def main():
             log(f"replay: max_steps {max_steps} -> {replay[step]} at step {step}")
             max_steps = replay[step]
         if deadline and a.fit_deadline and len(step_times) >= 10 and step % 10 == 0:
-            # Shorten the schedule so it completes by the deadline (keep 3 min for the final save/eval).
-            per_step = sum(step_times[-50:]) / len(step_times[-50:])
-            fit = step + int((deadline - now - 180) / per_step)
-            if fit < max_steps:
+            # Fit the schedule to the deadline (keep 3 min for the final save/eval) at the speed of the
+            # last 100 steps: shorten it when the CPU is busier, lengthen it (never beyond --max-steps)
+            # when it gets quieter. Changes under 5% are ignored so the LR curve does not jitter.
+            per_step = sum(step_times[-100:]) / len(step_times[-100:])
+            fit = min(a.max_steps, step + int((deadline - now - 180) / per_step))
+            if abs(fit - max_steps) > 0.05 * max_steps and step % 50 == 0 or fit < step + 10 < max_steps:
                 log(f"fit-deadline: max_steps {max_steps} -> {max(step, fit)} at step {step}")
                 max_steps = max(step, fit)
         if step % a.eval_every == 0 or step == max_steps:

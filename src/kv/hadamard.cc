@@ -105,18 +105,18 @@ uint64_t Mix(uint64_t z) {
 }
 constexpr uint64_t kSignSeed = 0x6B7671486164616Dull;  // fixed forever: stored caches depend on it
 
-std::vector<float> Signs(int64_t dim) {
-  std::vector<float> signs(static_cast<size_t>(dim));  // [dim]
-  for (int64_t i = 0; i < dim; ++i) signs[i] = HadamardSign(i);
-  return signs;
-}
-
 Status Run(float* x, int64_t n, int64_t dim, bool inverse) {
   KVQ_RETURN_IF_ERROR(CheckHadamardDim(dim));
   if (n < 0) return Status::Error("Hadamard rotation: negative row count " + std::to_string(n));
-  const std::vector<float> signs = Signs(dim);
+  // The signs are recomputed per call (no global state); head_dims up to
+  // 1024 keep them on the stack, so a decode step allocates nothing.
+  constexpr int64_t kStackDim = 1024;
+  float stack_signs[kStackDim];
+  std::vector<float> heap_signs(dim > kStackDim ? static_cast<size_t>(dim) : 0);
+  float* signs = dim > kStackDim ? heap_signs.data() : stack_signs;  // [dim]
+  for (int64_t i = 0; i < dim; ++i) signs[i] = HadamardSign(i);
   const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)));
-  HWY_DYNAMIC_DISPATCH(HadamardImpl)(x, n, dim, signs.data(), norm, inverse);
+  HWY_DYNAMIC_DISPATCH(HadamardImpl)(x, n, dim, signs, norm, inverse);
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 #include "base/threads.h"
 #include "engine/generate.h"
 #include "engine/loaded_model.h"
+#include "engine/planner.h"
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
@@ -46,6 +47,12 @@ int RunGenerate(const GenerateFlags& flags) {
     return 1;
   }
   std::unique_ptr<KvCache> cache = std::move(made).value();
+  // What the planner predicts for this cache (kvq plan shows the details).
+  auto kv_plan = PlanKvType(loaded->transformer->kv_shape(), *kv_options);
+  if (!kv_plan.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", kv_plan.status().message().c_str());
+    return 1;
+  }
 
   GenerateOptions options;
   options.max_new_tokens = flags.max_new_tokens;
@@ -91,6 +98,8 @@ int RunGenerate(const GenerateFlags& flags) {
       static_cast<long long>(usage.block_tokens),
       usage.block_tokens > 0 ? static_cast<double>(usage.block_bytes) / usage.block_tokens : 0.0,
       stats.peak_rss_bytes / 1e6);
+  std::fprintf(stderr, "  KV plan (kvq plan): %.1f bytes/token exact, nominal %.1f\n",
+               kv_plan->layout.BytesPerToken(), kv_plan->nominal_bytes_per_token);
   return 0;
 }
 

@@ -16,5 +16,7 @@ void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);
 void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx);
 void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
+void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx);
+void RegisterPlanCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

@@ -238,7 +238,7 @@ void RegisterAll() {
     }
   }
   for (WeightType t : types) {
-    for (const Shape& s : {Shape{896, 896}, Shape{4864, 896}}) {
+    for (const Shape& s : {Shape{896, 896}, Shape{4864, 896}, Shape{896, 4864}}) {
       for (MatmulImpl impl :
            {MatmulImpl::kMatmul, MatmulImpl::kTiles, MatmulImpl::kPacked, MatmulImpl::kSgemm}) {
         const std::string name = std::string(MatmulImplName(impl)) + "/" + WeightTypeName(t) + "/" +

@@ -238,20 +238,36 @@ int64_t XpOffset(int64_t groups, int64_t k0, int64_t depth, int64_t g) {
   return (k0 * groups + g * depth) * kTileTokens;
 }
 
-// Packs token group g of x[n, cols]; tokens past n are zero.
+// Packs token group g of x[n, cols]; tokens past n are zero. A full group
+// is interleaved by gathers: kLanes consecutive columns of its kTileTokens
+// rows fill exactly kTileTokens vectors of the packed run, whose lanes come
+// from fixed offsets (lane p: token p % kTileTokens, column p / kTileTokens).
 void PackTokens(const float* HWY_RESTRICT x, int64_t n, int64_t cols, int64_t groups, int64_t g,
                 float* HWY_RESTRICT xp) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
   const int64_t t0 = g * kTileTokens;
   const int64_t tokens = std::min<int64_t>(kTileTokens, n - t0);
+  HWY_ALIGN int32_t offsets[kTileTokens * kLanes];  // [kTileTokens vectors, kLanes]
+  for (int64_t p = 0; p < kTileTokens * kLanes; ++p) {
+    offsets[p] = static_cast<int32_t>(p % kTileTokens * cols + p / kTileTokens);
+  }
   for (int64_t k0 = 0; k0 < cols; k0 += kDepth) {
     const int64_t depth = std::min(kDepth, cols - k0);
+    const float* src = x + t0 * cols + k0;             // [tokens, cols] from column k0
     float* dst = xp + XpOffset(groups, k0, depth, g);  // [depth, kTileTokens]
-    for (int64_t t = 0; t < kTileTokens; ++t) {
-      const float* src = x + (t0 + t) * cols + k0;
-      if (t < tokens) {
-        for (int64_t k = 0; k < depth; ++k) dst[k * kTileTokens + t] = src[k];
-      } else {
-        for (int64_t k = 0; k < depth; ++k) dst[k * kTileTokens + t] = 0.0f;
+    int64_t k = 0;
+    if (tokens == kTileTokens) {
+      for (; k + kLanes <= depth; k += kLanes) {
+        for (int64_t j = 0; j < kTileTokens; ++j) {
+          const auto idx = hn::Load(di, offsets + j * kLanes);
+          hn::StoreU(hn::GatherIndex(df, src + k, idx), df, dst + k * kTileTokens + j * kLanes);
+        }
+      }
+    }
+    for (; k < depth; ++k) {
+      for (int64_t t = 0; t < kTileTokens; ++t) {
+        dst[k * kTileTokens + t] = t < tokens ? src[t * cols + k] : 0.0f;
       }
     }
   }

@@ -5,13 +5,16 @@
 // Why this shape (measured in bench/ops_bench.cc, see docs/benchmarks.md):
 // the 4-row x 4-token dot-product tiles of MatvecBatch decode every weight
 // vector again for every 64 tokens, spend one load per FMA pair and end in a
-// horizontal sum per output; at n = 512 they ran at ~40% of FMA peak.
-// Here a panel of kPanelRows weight rows x kDepth columns is decoded (and
-// transposed) into an L1-resident f32 buffer once, then reused for every
-// token: each k step loads kTileVecs weight vectors and broadcasts
+// horizontal sum per output; at n = 512 they ran at 0.4-0.7 of OpenBLAS f32
+// sgemm's speed. Here a panel of kPanelRows weight rows x kDepth columns is
+// decoded (and transposed) into an L1-resident f32 buffer once, then reused
+// for every token: each k step loads kTileVecs weight vectors and broadcasts
 // kTileTokens activations into kTileTokens x kTileVecs accumulators, which
 // hold whole output vectors (y is [n, rows], rows contiguous), so there is
-// no horizontal reduction and no conversion in the inner loop.
+// no horizontal reduction and no conversion in the inner loop (0.83-1.07 of
+// sgemm). Activations are repacked once per call so each tile streams one
+// contiguous run; the next weight block is prefetched while a block is in
+// use, since a model's weights come from DRAM.
 #include <omp.h>
 
 #include <algorithm>
@@ -32,11 +35,7 @@ namespace kvq::ops {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-#ifdef KVQ_EXP_CAP
-using DF = hn::CappedTag<float, KVQ_EXP_CAP>;
-#else
 using DF = hn::ScalableTag<float>;
-#endif
 using VF = hn::Vec<DF>;
 
 constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
@@ -44,10 +43,7 @@ constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
 // Tile = kTileTokens tokens x kTileVecs vectors of output rows. Register
 // budget: tokens * vecs accumulators + vecs weight vectors + 1 broadcast
 // must fit the register file (32 on AVX-512, 16 below) without spilling.
-#if defined(KVQ_EXP_T)
-constexpr int kTileTokens = KVQ_EXP_T;
-constexpr int kTileVecs = KVQ_EXP_V;
-#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kTileTokens = 6;
 constexpr int kTileVecs = 4;
 #else
@@ -59,11 +55,7 @@ constexpr int64_t kPanelRows = kTileVecs * kLanes;
 // Columns per decoded panel: kPanelRows * kDepth f32 = 32 KiB on AVX-512,
 // which stays in the 48 KiB L1 next to the activation lines being streamed.
 // A multiple of the Q8_0 block so a panel never splits a block.
-#ifdef KVQ_EXP_D
-constexpr int64_t kDepth = KVQ_EXP_D;
-#else
 constexpr int64_t kDepth = 128;
-#endif
 static_assert(kDepth % kQ8_0BlockSize == 0, "panels must not split Q8_0 blocks");
 
 // out[depth] = row r of w, columns [k0, k0 + depth), decoded to f32 (exact).
@@ -120,8 +112,8 @@ void DecodeSegment(const WeightView& w, int64_t r, int64_t k0, int64_t depth,
 // of w, transposed, f32; rows past `valid` are zero so the tile can compute
 // whole vectors (their outputs are discarded). kLanes rows at a time are
 // decoded into `rows` and transposed by gathers (one vector of the panel per
-// gather): scalar stores cost ~2 cycles per weight, ~12% of the multiply
-// at n = 512.
+// gather); with one scalar store per weight instead, packing dominated small
+// batches (n = 16 ran at half the speed it does now).
 void PackPanel(const WeightView& w, int64_t r0, int64_t valid, int64_t k0, int64_t depth,
                float* HWY_RESTRICT panel) {
   const DF df;

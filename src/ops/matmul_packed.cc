@@ -52,6 +52,17 @@ constexpr int kTileVecs = 2;
 #endif
 constexpr int64_t kPanelRows = kTileVecs * kLanes;
 
+// Fully unrolls the tile's loops over tokens and vectors before GCC's
+// scalar replacement runs, so the accumulator array lives in registers
+// instead of being copied through the stack around the k loop.
+#if defined(__clang__)
+#define KVQ_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define KVQ_UNROLL _Pragma("GCC unroll 32")
+#else
+#define KVQ_UNROLL
+#endif
+
 // Columns per decoded panel: kPanelRows * kDepth f32 = 32 KiB on AVX-512,
 // which stays in the 48 KiB L1 next to the activation lines being streamed.
 // A multiple of the Q8_0 block so a panel never splits a block.
@@ -180,23 +191,35 @@ HWY_INLINE void Tile(const float* HWY_RESTRICT panel, int64_t depth, const float
                      float* HWY_RESTRICT c, int64_t ldc, bool accumulate) {
   const DF df;
   VF acc[T * kTileVecs];
-  for (int t = 0; t < T; ++t) {
-    for (int v = 0; v < kTileVecs; ++v) {
-      acc[t * kTileVecs + v] = accumulate ? hn::LoadU(df, c + t * ldc + v * kLanes) : hn::Zero(df);
+  if (accumulate) {
+    KVQ_UNROLL
+    for (int t = 0; t < T; ++t) {
+      KVQ_UNROLL
+      for (int v = 0; v < kTileVecs; ++v) {
+        acc[t * kTileVecs + v] = hn::LoadU(df, c + t * ldc + v * kLanes);
+      }
     }
+  } else {
+    KVQ_UNROLL
+    for (int a = 0; a < T * kTileVecs; ++a) acc[a] = hn::Zero(df);
   }
   for (int64_t k = 0; k < depth; ++k) {
     const float* p = panel + k * kPanelRows;
     VF wv[kTileVecs];
+    KVQ_UNROLL
     for (int v = 0; v < kTileVecs; ++v) wv[v] = hn::Load(df, p + v * kLanes);
+    KVQ_UNROLL
     for (int t = 0; t < T; ++t) {
       const VF xb = hn::Set(df, xp[k * kTileTokens + t]);
+      KVQ_UNROLL
       for (int v = 0; v < kTileVecs; ++v) {
         acc[t * kTileVecs + v] = hn::MulAdd(wv[v], xb, acc[t * kTileVecs + v]);
       }
     }
   }
+  KVQ_UNROLL
   for (int t = 0; t < T; ++t) {
+    KVQ_UNROLL
     for (int v = 0; v < kTileVecs; ++v) {
       hn::StoreU(acc[t * kTileVecs + v], df, c + t * ldc + v * kLanes);
     }

@@ -11,7 +11,7 @@
 // the shared 2-core VM): at n = 512 MatmulPacked is 1.5-2.4x MatvecBatch
 // and 0.85-1.1x OpenBLAS f32 sgemm at the same shape (with OpenBLAS forced
 // to its AVX-512 kernels; this CPU is unknown to OpenBLAS 0.3.21, which
-// falls back to SSE3 "Prescott" kernels, ~8x slower than that here). The two Highway
+// falls back to SSE3 "Prescott" kernels, 3-5x slower than that here). The two Highway
 // paths tie at n = 32 for every type, so Matmul switches there, f32
 // included.
 #pragma once

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -128,25 +129,91 @@ void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   state.counters["vs_probe"] = probe_seconds / matvec_seconds;
 }
 
-// Matmul (the routing the model uses) or, for comparison, MatmulSgemm.
-void BM_Matmul(benchmark::State& state, WeightType type, int64_t rows, int64_t cols, bool sgemm) {
+enum class MatmulImpl { kMatmul, kSgemm, kTiles, kPacked };
+
+const char* MatmulImplName(MatmulImpl impl) {
+  switch (impl) {
+    case MatmulImpl::kMatmul:
+      return "Matmul";
+    case MatmulImpl::kSgemm:
+      return "MatmulSgemm";
+    case MatmulImpl::kTiles:
+      return "MatvecBatch";
+    case MatmulImpl::kPacked:
+      return "MatmulPacked";
+  }
+  return "?";
+}
+
+void RunMatmul(MatmulImpl impl, const WeightView& v, const float* x, int64_t n, float* y,
+               int threads, MatmulWorkspace* ws) {
+  switch (impl) {
+    case MatmulImpl::kMatmul:
+      return Matmul(v, x, n, y, threads, ws);
+    case MatmulImpl::kSgemm:
+      return MatmulSgemm(v, x, n, y, threads, ws);
+    case MatmulImpl::kTiles:
+      return MatvecBatch(v, x, n, y, threads);
+    case MatmulImpl::kPacked:
+      return MatmulPacked(v, x, n, y, threads, ws);
+  }
+}
+
+// Process CPU time (all threads). Per call, FLOPs / CPU seconds measures
+// what a kernel gets out of the cycles it is given, which on a machine
+// shared with other jobs is far steadier than wall time (a preempted thread
+// stops its CPU clock but not the wall clock).
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// One implementation's GFLOP/s (2 n rows cols per call) by wall time and by
+// CPU time (GFLOPs_cpu, see ProcessCpuSeconds). With `baseline`, each
+// iteration also times OpenBLAS sgemm on an f32 copy of the same shape right
+// after the measured call (same threads), and vs_sgemm_f32 (wall) /
+// vs_sgemm_f32_cpu = the ratios from those interleaved timings: on a shared
+// machine the ratios survive load swings that move both figures.
+void BM_Matmul(benchmark::State& state, WeightType type, int64_t rows, int64_t cols,
+               MatmulImpl impl, bool baseline) {
   const int64_t n = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   RotatingWeights w(type, rows, cols, int64_t{64} << 20);
+  std::unique_ptr<RotatingWeights> wf;
+  if (baseline) wf = std::make_unique<RotatingWeights>(WeightType::kF32, rows, cols, 0);
   std::vector<float> x(static_cast<size_t>(n * cols), 0.25f), y(static_cast<size_t>(n * rows));
-  MatmulWorkspace ws;
+  MatmulWorkspace ws, ws_baseline;
   int64_t k = 0;
+  double seconds = 0.0, baseline_seconds = 0.0, cpu = 0.0, baseline_cpu = 0.0;
   for (auto _ : state) {
-    const WeightView v = w.view(k++);
-    if (sgemm) {
-      MatmulSgemm(v, x.data(), n, y.data(), threads, &ws);
-    } else {
-      Matmul(v, x.data(), n, y.data(), threads, &ws);
-    }
+    const double c0 = ProcessCpuSeconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    RunMatmul(impl, w.view(k++), x.data(), n, y.data(), threads, &ws);
     benchmark::DoNotOptimize(y.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    const double c1 = ProcessCpuSeconds();
+    if (baseline) {
+      MatmulSgemm(wf->view(0), x.data(), n, y.data(), threads, &ws_baseline);
+      benchmark::DoNotOptimize(y.data());
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    const double c2 = ProcessCpuSeconds();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    seconds += std::chrono::duration<double>(t1 - t0).count();
+    baseline_seconds += std::chrono::duration<double>(t2 - t1).count();
+    cpu += c1 - c0;
+    baseline_cpu += c2 - c1;
   }
-  state.counters["GFLOPs"] = benchmark::Counter(2.0 * static_cast<double>(n * rows * cols) / 1e9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  const double flops =
+      2.0 * static_cast<double>(n * rows * cols) * static_cast<double>(state.iterations());
+  state.counters["GFLOPs"] = flops / 1e9 / seconds;
+  state.counters["GFLOPs_cpu"] = flops / 1e9 / cpu;
+  if (baseline) {
+    state.counters["sgemm_f32_GFLOPs"] = flops / 1e9 / baseline_seconds;
+    state.counters["vs_sgemm_f32"] = baseline_seconds / seconds;
+    state.counters["vs_sgemm_f32_cpu"] = baseline_cpu / cpu;
+  }
 }
 
 void RegisterAll() {
@@ -171,16 +238,34 @@ void RegisterAll() {
     }
   }
   for (WeightType t : types) {
-    for (const Shape& s : {Shape{896, 896}, Shape{4864, 896}}) {
-      for (bool sgemm : {false, true}) {
-        const std::string name = std::string(sgemm ? "MatmulSgemm/" : "Matmul/") +
+    for (const Shape& s : {Shape{896, 896}, Shape{4864, 896}, Shape{896, 4864}}) {
+      for (MatmulImpl impl :
+           {MatmulImpl::kMatmul, MatmulImpl::kTiles, MatmulImpl::kPacked, MatmulImpl::kSgemm}) {
+        const std::string name = std::string(MatmulImplName(impl)) + "/" + WeightTypeName(t) + "/" +
+                                 std::to_string(s.rows) + "x" + std::to_string(s.cols);
+        auto* b =
+            benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t, s.rows, s.cols, impl, false);
+        b->ArgNames({"n", "threads"})->UseManualTime();
+        for (int threads : {1, 2}) {
+          for (int64_t n : {1, 8, 16, 32, 64, 512}) b->Args({n, threads});
+        }
+      }
+    }
+  }
+  // Prefill of 512 tokens at every Qwen2.5-0.5B projection shape (q/o, k/v,
+  // gate/up, down; the LM head sees only the last token in prefill), each
+  // implementation beside interleaved f32 sgemm.
+  for (const Shape& s : {Shape{896, 896}, Shape{128, 896}, Shape{4864, 896}, Shape{896, 4864}}) {
+    for (WeightType t : types) {
+      for (MatmulImpl impl :
+           {MatmulImpl::kMatmul, MatmulImpl::kTiles, MatmulImpl::kPacked, MatmulImpl::kSgemm}) {
+        const std::string name = std::string("Prefill/") + MatmulImplName(impl) + "/" +
                                  WeightTypeName(t) + "/" + std::to_string(s.rows) + "x" +
                                  std::to_string(s.cols);
-        auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t, s.rows, s.cols, sgemm);
-        b->ArgNames({"n", "threads"})->UseRealTime();
-        for (int threads : {1, 2}) {
-          for (int64_t n : {1, 8, 64, 512}) b->Args({n, threads});
-        }
+        auto* b =
+            benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t, s.rows, s.cols, impl, true);
+        b->ArgNames({"n", "threads"})->UseManualTime();
+        for (int threads : {1, 2}) b->Args({512, threads});
       }
     }
   }

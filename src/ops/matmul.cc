@@ -38,8 +38,13 @@ void MatmulWorkspace::Reserve(int threads, int64_t floats) {
   }
 }
 
+float* MatmulWorkspace::Shared(int64_t floats) {
+  if (static_cast<int64_t>(shared_.size()) < floats) shared_.resize(static_cast<size_t>(floats));
+  return shared_.data();
+}
+
 int64_t MatmulWorkspace::bytes() const {
-  int64_t total = 0;
+  int64_t total = static_cast<int64_t>(shared_.size() * sizeof(float));
   for (const auto& p : panels_) total += static_cast<int64_t>(p.size() * sizeof(float));
   return total;
 }
@@ -51,8 +56,8 @@ int64_t MatmulPanelRows(int64_t cols) {
 
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
             MatmulWorkspace* workspace) {
-  if (w.type == WeightType::kF32 && n >= kF32SgemmMinTokens) {
-    MatmulSgemm(w, x, n, y, num_threads, workspace);
+  if (n >= kPackedMinTokens) {
+    MatmulPacked(w, x, n, y, num_threads, workspace);
   } else {
     MatvecBatch(w, x, n, y, num_threads);
   }

@@ -1,15 +1,19 @@
 // Matrix-matrix products for prefill and batched decode:
 //   Y[n, w.rows] = X[n, w.cols] · W[w.rows, w.cols]ᵀ
-// Two implementations, one policy (Matmul):
-//  - MatvecBatch (matvec.h): Highway tiles that decode W on the fly;
+// Three implementations, one policy (Matmul):
+//  - MatvecBatch (matvec.h): Highway dot-product tiles that decode W on the
+//    fly (4 rows x 4 tokens); best for small n (decode, short batches);
+//  - MatmulPacked (matmul_packed.cc): register-blocked Highway GEMM over
+//    weight panels decoded to f32 once per call; best from ~32 tokens;
 //  - MatmulSgemm: OpenBLAS sgemm, fed F16/BF16/Q8_0 weights one decoded
-//    row panel at a time from a per-thread scratch panel (never a whole
-//    converted matrix).
-// Measured on this machine (bench/ops_bench.cc, docs/benchmarks.md), the
-// Highway tiles beat panel+sgemm for every decoded type at every n tried
-// (1.1-1.8x at n = 64..512: sgemm pays for decoding and then packing the
-// panel again; 2-7x for n <= 8), and beat sgemm on F32 up to n = 8 while
-// tying it from n = 64; F32 batches above 16 tokens go to sgemm.
+//    row panel at a time (kept as a comparison baseline).
+// Measured (bench/ops_bench.cc, docs/benchmarks.md; CPU-time GFLOP/s on
+// the shared 2-core VM): at n = 512 MatmulPacked is 1.5-2.4x MatvecBatch
+// and 0.85-1.1x OpenBLAS f32 sgemm at the same shape (with OpenBLAS forced
+// to its AVX-512 kernels; this CPU is unknown to OpenBLAS 0.3.21, which
+// falls back to SSE3 "Prescott" kernels, 3-5x slower than that here). The two Highway
+// paths tie at n = 32 for every type, so Matmul switches there, f32
+// included.
 #pragma once
 
 #include <cstdint>
@@ -32,19 +36,24 @@ class MatmulWorkspace {
   void Reserve(int threads, int64_t floats);
   // Thread t's panel; valid after Reserve(> t, ...).
   float* panel(int thread) { return panels_[static_cast<size_t>(thread)].data(); }
+  // One buffer of at least `floats` floats shared by all threads of a call
+  // (MatmulPacked's repacked activations).
+  float* Shared(int64_t floats);
   // Total bytes held (for memory accounting).
   int64_t bytes() const;
 
  private:
   std::vector<std::vector<float>> panels_;  // [threads][floats]
+  std::vector<float> shared_;               // [floats]
 };
 
-// F32 batches up to this many tokens go to MatvecBatch, larger to sgemm.
-inline constexpr int64_t kF32SgemmMinTokens = 17;
+// Batches of at least this many tokens go to MatmulPacked, smaller ones to
+// MatvecBatch.
+inline constexpr int64_t kPackedMinTokens = 32;
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ, choosing the implementation as above.
-// x and y must not overlap. `workspace` holds sgemm panels should the
-// routing send a decoded type to sgemm (today it never does; may be null).
+// x and y must not overlap. `workspace` holds MatmulPacked's buffers; it may
+// be null only when n < kPackedMinTokens.
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
             MatmulWorkspace* workspace);
 
@@ -54,6 +63,12 @@ void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_th
 // single-threaded so the two thread pools never oversubscribe the cores.
 void MatmulSgemm(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
                  MatmulWorkspace* workspace);
+
+// Register-blocked GEMM (matmul_packed.cc): weight panels decoded to f32
+// once per call into `workspace` (one small panel per thread), then reused
+// for every token. Any n >= 1; f32 accumulation, same error bound as Matvec.
+void MatmulPacked(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
+                  MatmulWorkspace* workspace);
 
 // Scalar twin: n independent MatvecRef calls.
 void MatmulRef(const WeightView& w, const float* x, int64_t n, float* y);

@@ -1,9 +1,11 @@
-// Matmul (Highway tiles, or sgemm for large f32 batches) and MatmulSgemm
-// (OpenBLAS over decoded weight panels) against MatmulRef, on every compiled
-// SIMD target.
+// Matmul (routing), MatvecBatch's tiles, MatmulPacked (register-blocked
+// GEMM over decoded weight panels) and MatmulSgemm (OpenBLAS over decoded
+// weight panels) against MatmulRef, on every compiled SIMD target.
 #include "ops/matmul.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "ops/matvec.h"
 #include "ops_test_util.h"
@@ -19,7 +21,7 @@ using opstest::TestWeight;
 class MatmulTest : public hwy::TestWithParamTarget {};
 HWY_TARGET_INSTANTIATE_TEST_SUITE_P(MatmulTest);
 
-enum class Path { kMatmul, kSgemm };
+enum class Path { kMatmul, kSgemm, kPacked };
 
 // Both paths sum the same exact f32 products as the reference (every type
 // decodes exactly to f32, Q8_0's d * q included) in some order (tiles,
@@ -32,10 +34,16 @@ void ExpectMatmulNearRef(const TestWeight& w, int64_t n, int threads, std::mt199
   std::vector<float> y(static_cast<size_t>(n * w.rows), std::nanf(""));
   std::vector<float> ref(static_cast<size_t>(n * w.rows));
   MatmulWorkspace ws;
-  if (path == Path::kMatmul) {
-    Matmul(w.view(), x.data(), n, y.data(), threads, &ws);
-  } else {
-    MatmulSgemm(w.view(), x.data(), n, y.data(), threads, &ws);
+  switch (path) {
+    case Path::kMatmul:
+      Matmul(w.view(), x.data(), n, y.data(), threads, &ws);
+      break;
+    case Path::kSgemm:
+      MatmulSgemm(w.view(), x.data(), n, y.data(), threads, &ws);
+      break;
+    case Path::kPacked:
+      MatmulPacked(w.view(), x.data(), n, y.data(), threads, &ws);
+      break;
   }
   MatmulRef(w.view(), x.data(), n, ref.data());
   const double k = static_cast<double>(w.cols + 4);
@@ -51,11 +59,12 @@ void ExpectMatmulNearRef(const TestWeight& w, int64_t n, int threads, std::mt199
           << t << " row " << r << " threads " << threads << " path " << static_cast<int>(path);
     }
   }
-  // The workspace holds panels only for converted types, never a whole matrix.
-  if (w.type == WeightType::kF32) {
-    EXPECT_EQ(ws.bytes(), 0);
-  }
-  EXPECT_LE(ws.bytes(), static_cast<int64_t>(threads) * MatmulPanelRows(w.cols) * w.cols * 4);
+  // The workspace never holds a whole converted matrix: per thread either an
+  // sgemm panel (MatmulPanelRows rows) or one packed panel (at most 64 rows x
+  // 128 columns of f32 + alignment, < 64 KiB), plus MatmulPacked's repacked
+  // activations (n rounded up to a tile of at most 8 tokens, x cols f32).
+  const int64_t per_thread = std::max<int64_t>(MatmulPanelRows(w.cols) * w.cols * 4, 64 << 10);
+  EXPECT_LE(ws.bytes(), threads * per_thread + (n + 7) * w.cols * 4);
 }
 
 TEST_P(MatmulTest, RandomShapesAllTypes) {
@@ -70,13 +79,14 @@ TEST_P(MatmulTest, RandomShapesAllTypes) {
     for (const Shape& s : shapes) {
       const TestWeight w =
           MakeWeight(type, s.rows, s.cols, opstest::RandomVector(rng, s.rows * s.cols, 0.5f));
-      // 16/17 straddle the f32 routing switch, 65 and 130 the 64-token
+      // 31/32 straddle the packed routing switch, 65 and 130 the 64-token
       // chunks of MatvecBatch.
-      for (int64_t n : {1, 2, 5, 16, 17, 65, 130}) {
+      for (int64_t n : {1, 2, 5, 16, 31, 32, 65, 130}) {
         if (n * s.rows * s.cols > int64_t{8} << 20) continue;  // keep the reference quick
         for (int threads : {1, 2}) {
           ExpectMatmulNearRef(w, n, threads, rng, Path::kMatmul);
           ExpectMatmulNearRef(w, n, threads, rng, Path::kSgemm);
+          ExpectMatmulNearRef(w, n, threads, rng, Path::kPacked);
         }
       }
     }
@@ -88,9 +98,38 @@ TEST_P(MatmulTest, DenseOddColumns) {
   for (WeightType type : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
     const TestWeight w = MakeWeight(type, 19, 77, opstest::RandomVector(rng, 19 * 77, 1.0f));
     for (int threads : {1, 2}) {
-      for (int64_t n : {5, 20}) {
+      for (int64_t n : {5, 20, 37}) {
         ExpectMatmulNearRef(w, n, threads, rng, Path::kMatmul);
         ExpectMatmulNearRef(w, n, threads, rng, Path::kSgemm);
+        ExpectMatmulNearRef(w, n, threads, rng, Path::kPacked);
+      }
+    }
+  }
+}
+
+// MatmulPacked's edges: rows around the panel height (2..64 rows by target:
+// 2, 4, 8 or 16 lanes x 2 or 4 vectors), columns around its 128-column depth
+// blocks (Q8_0 only in whole 32-blocks), tokens around its tile width (4 or
+// 6) and around the routing switch at 32.
+TEST_P(MatmulTest, PackedTileEdges) {
+  std::mt19937 rng(24);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape dense[] = {{1, 1},   {3, 7},    {15, 129}, {16, 128}, {17, 257},
+                         {63, 96}, {64, 130}, {65, 33},  {130, 300}};
+  const Shape q8[] = {{1, 32}, {17, 128}, {63, 160}, {64, 256}, {65, 288}, {129, 96}};
+  for (WeightType type : opstest::kAllWeightTypes) {
+    const bool is_q8 = type == WeightType::kQ8_0;
+    for (const Shape& s : is_q8 ? std::vector<Shape>(std::begin(q8), std::end(q8))
+                                : std::vector<Shape>(std::begin(dense), std::end(dense))) {
+      const TestWeight w =
+          MakeWeight(type, s.rows, s.cols, opstest::RandomVector(rng, s.rows * s.cols, 0.5f));
+      for (int64_t n : {1, 3, 4, 5, 6, 7, 11, 12, 13, 31, 32, 33}) {
+        for (int threads : {1, 2}) {
+          ExpectMatmulNearRef(w, n, threads, rng, Path::kPacked);
+          ExpectMatmulNearRef(w, n, threads, rng, Path::kMatmul);
+        }
       }
     }
   }
@@ -108,12 +147,14 @@ TEST_P(MatmulTest, IntegerValuesExactAllPathsReusedWorkspace) {
                                                      : MakeWeight(type, 48, cols, ints);
       for (int64_t n : {3, 70}) {
         const std::vector<float> x = opstest::RandomIntegers(rng, n * cols, 4);
-        std::vector<float> y(n * 48), y2(n * 48), ref(n * 48);
+        std::vector<float> y(n * 48), y2(n * 48), y3(n * 48), ref(n * 48);
         Matmul(w.view(), x.data(), n, y.data(), 2, &ws);
         MatmulSgemm(w.view(), x.data(), n, y2.data(), 2, &ws);
+        MatmulPacked(w.view(), x.data(), n, y3.data(), 2, &ws);
         MatmulRef(w.view(), x.data(), n, ref.data());
         EXPECT_EQ(y, ref) << WeightTypeName(type) << " " << cols << " n " << n;
         EXPECT_EQ(y2, ref) << WeightTypeName(type) << " " << cols << " n " << n;
+        EXPECT_EQ(y3, ref) << WeightTypeName(type) << " " << cols << " n " << n;
       }
     }
   }

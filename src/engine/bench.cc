@@ -72,6 +72,7 @@ StatusOr<BenchResult> RunBench(Transformer& model, const CacheFactory& make_cach
   std::mt19937 rng(1234);
   for (int r = -1; r < repetitions; ++r) {  // r == -1: warm-up, not recorded
     std::unique_ptr<KvCache> cache = make_cache();
+    if (cache == nullptr) return Status::Error("KV cache could not be created");
     KVQ_ASSIGN_OR_RETURN(double tps, RunOnce(model, *cache, test, rng));
     if (r >= 0) result.tokens_per_second.push_back(tps);
   }

@@ -1,84 +1,164 @@
+// Codec names -> codecs (the registry), and the reference fused kernels.
+// A new codec family is one file with a Make*Codec factory plus its entry in
+// ParseKvCodec and AllKvCodecNames.
 #include "kv/codec.h"
 
-#include <cstring>
+#include <sstream>
 #include <vector>
 
-#include "base/fp16.h"
+#include "kv/codec_formats.h"
 
 namespace kvq {
 namespace {
 
-// Row codecs for plain float storage: one value per channel, no scales.
-template <typename T, typename Store, typename Load>
-class FloatCodec final : public KvCodec {
- public:
-  FloatCodec(const char* name, int64_t head_dim, Store store, Load load)
-      : KvCodec(head_dim), name_(name), store_(store), load_(load) {}
-
-  std::string Name() const override { return name_; }
-  size_t RowBytes() const override { return static_cast<size_t>(head_dim_) * sizeof(T); }
-
-  void Encode(const float* x, int64_t n, uint8_t* rows) const override {
-    for (int64_t i = 0; i < n * head_dim_; ++i) {
-      const T value = store_(x[i]);
-      std::memcpy(rows + i * sizeof(T), &value, sizeof(T));
-    }
-  }
-  void Decode(const uint8_t* rows, int64_t n, float* x) const override {
-    for (int64_t i = 0; i < n * head_dim_; ++i) {
-      T value;
-      std::memcpy(&value, rows + i * sizeof(T), sizeof(T));
-      x[i] = load_(value);
-    }
-  }
-  void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
-              float* scores, int64_t stride) const override {
-    std::vector<float> row(static_cast<size_t>(head_dim_));  // [head_dim]
-    for (int64_t t = 0; t < n; ++t) {
-      Decode(rows + t * RowBytes(), 1, row.data());
-      for (int64_t h = 0; h < group; ++h) {
-        float dot = 0;
-        for (int64_t d = 0; d < head_dim_; ++d) dot += q[h * head_dim_ + d] * row[d];
-        scores[h * stride + t] = dot * scale;
-      }
-    }
-  }
-  void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
-                   float* acc) const override {
-    std::vector<float> row(static_cast<size_t>(head_dim_));  // [head_dim]
-    for (int64_t t = 0; t < n; ++t) {
-      Decode(rows + t * RowBytes(), 1, row.data());
-      for (int64_t h = 0; h < group; ++h) {
-        const float weight = p[h * stride + t];
-        for (int64_t d = 0; d < head_dim_; ++d) acc[h * head_dim_ + d] += weight * row[d];
-      }
-    }
-  }
-
- private:
-  const char* name_;
-  Store store_;
-  Load load_;
+struct FloatName {
+  const char* name;
+  codec::FloatKind kind;
+};
+constexpr FloatName kFloatNames[] = {
+    {"f32", codec::FloatKind::kF32},          {"f16", codec::FloatKind::kF16},
+    {"bf16", codec::FloatKind::kBF16},        {"fp8_e4m3", codec::FloatKind::kFp8E4M3},
+    {"fp8_e5m2", codec::FloatKind::kFp8E5M2},
 };
 
-template <typename T, typename Store, typename Load>
-std::unique_ptr<KvCodec> MakeFloatCodec(const char* name, int64_t head_dim, Store store,
-                                        Load load) {
-  return std::make_unique<FloatCodec<T, Store, Load>>(name, head_dim, store, load);
+// Other spellings users bring from vLLM (fp8 = e4m3) and llama.cpp (the
+// q8_0/q4_0/q4_1 cache types have the same group and bytes per value).
+struct Alias {
+  const char* alias;
+  const char* canonical;
+};
+constexpr Alias kAliases[] = {{"fp8", "fp8_e4m3"},
+                              {"q8_0", "int8-g32-sym"},
+                              {"q4_0", "int4-g32-sym"},
+                              {"q4_1", "int4-g32-asym"}};
+
+constexpr int64_t kGroupSizes[] = {32, 64, 128};
+constexpr int kIntBits[] = {8, 4, 2};
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!s.empty() && s.back() == sep) parts.push_back("");
+  return parts;
+}
+
+Status BadName(const std::string& name, const std::string& why) {
+  return Status::Error("KV cache type '" + name + "': " + why +
+                       " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
+                       "optional -g32/-g64/-g128 and -sym/-asym, e.g. int4-g64-sym; aliases fp8, "
+                       "q8_0, q4_0, q4_1)");
+}
+
+StatusOr<codec::IntFormat> ParseIntName(const std::string& name, const std::string& spelled) {
+  const std::vector<std::string> parts = Split(name, '-');
+  if (parts.empty()) return BadName(spelled, "empty name");
+  codec::IntFormat format;
+  const std::string& base = parts[0];
+  if (base == "int8") {
+    format.bits = 8;
+  } else if (base == "int4") {
+    format.bits = 4;
+  } else if (base == "int2") {
+    format.bits = 2;
+  } else {
+    return BadName(spelled, "unknown type '" + base + "'");
+  }
+  bool have_group = false, have_symmetry = false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& option = parts[i];
+    if (option == "sym" || option == "asym") {
+      if (have_symmetry) return BadName(spelled, "sym/asym given twice");
+      have_symmetry = true;
+      format.symmetric = option == "sym";
+    } else if (option.size() > 1 && option[0] == 'g') {
+      if (have_group) return BadName(spelled, "group size given twice");
+      have_group = true;
+      const std::string digits = option.substr(1);
+      bool valid = digits.find_first_not_of("0123456789") == std::string::npos;
+      format.group = valid && digits.size() <= 4 ? std::stoll(digits) : 0;
+      valid = false;
+      for (int64_t g : kGroupSizes) valid = valid || format.group == g;
+      if (!valid) return BadName(spelled, "group size '" + option + "' is not g32, g64 or g128");
+    } else {
+      return BadName(spelled, "unknown option '" + option + "'");
+    }
+  }
+  return format;
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& name, int64_t head_dim) {
-  if (head_dim <= 0) return Status::Error("KV codec: head_dim must be positive");
-  if (name == "f32") {
-    return MakeFloatCodec<float>(
-        "f32", head_dim, [](float x) { return x; }, [](float x) { return x; });
+StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& spelled, int64_t head_dim,
+                                                CodecPath path) {
+  if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > kMaxCodecHeadDim) {
+    return Status::Error("KV cache type '" + spelled + "': head_dim " + std::to_string(head_dim) +
+                         " is not supported (codecs need a positive multiple of 16, at most " +
+                         std::to_string(kMaxCodecHeadDim) + ")");
   }
-  if (name == "f16") {
-    return MakeFloatCodec<uint16_t>("f16", head_dim, &F32ToF16, &F16ToF32);
+  std::string name = spelled;
+  for (const Alias& a : kAliases) {
+    if (name == a.alias) name = a.canonical;
   }
-  return Status::Error("unknown KV cache type '" + name + "' (available: f32, f16)");
+  for (const FloatName& f : kFloatNames) {
+    if (name == f.name) return codec::MakeFloatCodec(f.kind, head_dim, path);
+    if (name.rfind(std::string(f.name) + "-", 0) == 0) {
+      return BadName(spelled, std::string(f.name) + " takes no options");
+    }
+  }
+  KVQ_ASSIGN_OR_RETURN(const codec::IntFormat format, ParseIntName(name, spelled));
+  if (head_dim % format.group != 0) {
+    return BadName(spelled, "group size " + std::to_string(format.group) +
+                                " does not divide head_dim " + std::to_string(head_dim));
+  }
+  return codec::MakeIntCodec(format, head_dim, path);
 }
 
+std::vector<std::string> AllKvCodecNames(int64_t head_dim) {
+  std::vector<std::string> names;
+  for (const FloatName& f : kFloatNames) names.push_back(f.name);
+  for (int bits : kIntBits) {
+    for (int64_t group : kGroupSizes) {
+      if (head_dim % group != 0) continue;
+      for (bool symmetric : {true, false}) {
+        names.push_back(codec::IntFormat{bits, group, symmetric}.Name());
+      }
+    }
+  }
+  return names;
+}
+
+namespace codec {
+
+void ScoresByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n, const float* q,
+                      int64_t group, float scale, float* scores, int64_t stride) {
+  const int64_t dim = codec.head_dim();
+  std::vector<float> x(static_cast<size_t>(dim));  // [head_dim], one decoded row
+  for (int64_t t = 0; t < n; ++t) {
+    codec.Decode(rows + t * codec.RowBytes(), 1, x.data());
+    for (int64_t h = 0; h < group; ++h) {
+      double dot = 0.0;
+      for (int64_t i = 0; i < dim; ++i) dot += static_cast<double>(q[h * dim + i]) * x[i];
+      scores[h * stride + t] = static_cast<float>(scale * dot);
+    }
+  }
+}
+
+void AccumulateVByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n, const float* p,
+                           int64_t group, int64_t stride, float* acc) {
+  const int64_t dim = codec.head_dim();
+  std::vector<float> x(static_cast<size_t>(n * dim));  // [n, head_dim]
+  if (n > 0) codec.Decode(rows, n, x.data());
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t i = 0; i < dim; ++i) {
+      double sum = acc[h * dim + i];
+      for (int64_t t = 0; t < n; ++t)
+        sum += static_cast<double>(p[h * stride + t]) * x[t * dim + i];
+      acc[h * dim + i] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace codec
 }  // namespace kvq

@@ -7,16 +7,55 @@
 //
 // Attention never materializes an f32 copy of the cache: it calls Scores on K
 // tiles and AccumulateV on V tiles, block by block (see paged_cache.cc).
+//
+// The codecs (bytes per row for head_dim d; docs/ARCHITECTURE.md has the table):
+//   f32        4d bytes, the reference.
+//   f16        2d bytes, IEEE binary16, round to nearest even; |x| >= 65520
+//              becomes inf (as every f16 cache does).
+//   bf16       2d bytes, round to nearest even.
+//   fp8_e4m3   d bytes (OCP E4M3FN: bias 7, max finite 448, no inf, 0x7F/0xFF NaN)
+//   fp8_e5m2   d bytes (bias 15, max finite 57344)
+//              Both fp8 codecs store x / scale, rounded to nearest even with
+//              subnormals, saturating to +-max finite (finite input never gives
+//              inf/NaN; NaN stays NaN). `scale` is one f32 per codec instance,
+//              i.e. per (layer, K/V, KV head) when the cache makes one codec per
+//              head: Calibrate() sets scale = absmax / max_finite from the first
+//              rows it is given (the first prefill), later values beyond that
+//              range saturate. Before calibration scale = 1. SideBytes() = 4.
+//   intB-gG-sym / intB-gG-asym  (B = 8, 4, 2; G = 32, 64, 128 dividing d)
+//              Per token, groups of G consecutive values, 2^B levels each,
+//              codes u in [0, 2^B - 1]. Row = packed codes (d*B/8 bytes), then
+//              one f16 scale per group, then (asym) one f16 min per group.
+//              sym  (llama.cpp q4_0 style): m = the group's value of largest
+//                   magnitude (the positive one on a tie), s = f16(m / -2^(B-1)),
+//                   x^ = (u - 2^(B-1)) * s: m itself is level u = 0 and all
+//                   2^B levels are used (2^(B-1) on m's side, 2^(B-1) - 1 on
+//                   the other, plus zero).
+//              asym: s = f16((max - min) / (2^B - 1)), m = f16(min),
+//                   x^ = u * s + m, levels spanning [min, max].
+//              u = clamp(round_half_even((x - offset) * (1 / s)), 0, 2^B - 1).
+//              Scales and mins saturate at the f16 range (+-65504), so groups
+//              with |x| beyond it (asym) or beyond 65504 * 2^(B-1) (sym) clip.
+//              Packing inside each 32-value block: int8 one byte per value;
+//              int4 16 bytes, byte j = element j (low nibble) | element j+16
+//              (high nibble); int2 8 bytes, byte j = elements j, j+8, j+16,
+//              j+24 in bits 0-1, 2-3, 4-5, 6-7. This lets a SIMD register of
+//              up to 16 (int4) or 8 (int2) lanes decode from one load.
+// Every codec requires head_dim to be a positive multiple of 16 (and of the
+// group size for integer codecs), at most kMaxCodecHeadDim.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
 namespace kvq {
+
+inline constexpr int64_t kMaxCodecHeadDim = 1024;
 
 class KvCodec {
  public:
@@ -33,14 +72,15 @@ class KvCodec {
   virtual size_t SideBytes() const { return 0; }
 
   // Codecs with a per-head parameter (fp8's scale) set it from the first rows
-  // they ever see; see each codec's comment. Called once, before Encode.
+  // they are given; the first call wins and later calls are ignored, so a
+  // cache may call it before every Encode. x: [n, head_dim].
   virtual bool NeedsCalibration() const { return false; }
   virtual void Calibrate(const float* /*x*/, int64_t /*n*/) {}
 
   // x: [n, head_dim] -> rows: n * RowBytes() bytes.
   virtual void Encode(const float* x, int64_t n, uint8_t* rows) const = 0;
-  // rows -> x: [n, head_dim]. The reference path (tests, study); attention
-  // does not call it.
+  // rows -> x: [n, head_dim]. Exact (no rounding beyond the format's own), so
+  // the SIMD and reference paths agree bit for bit.
   virtual void Decode(const uint8_t* rows, int64_t n, float* x) const = 0;
 
   // Fused K side. q: [group, head_dim] (the query heads sharing this KV head).
@@ -57,10 +97,19 @@ class KvCodec {
   int64_t head_dim_;
 };
 
+// Which implementation a codec's methods run: the Highway SIMD kernels
+// (runtime dispatch) or the plain scalar reference twins (double
+// accumulation), which tests compare them against.
+enum class CodecPath { kSimd, kReference };
+
 // "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2",
-// with integer options as suffixes: "int4-g64", "int4-g32-sym" (defaults:
-// group 32, asymmetric). Errors name the choices and reject a group size that
-// does not divide head_dim.
-StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& name, int64_t head_dim);
+// with integer options as suffixes in any order: "int4-g64", "int4-sym",
+// "int8-g128-sym" (defaults: group 32, asymmetric). Errors name the choices
+// and reject a group size that does not divide head_dim.
+StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& name, int64_t head_dim,
+                                                CodecPath path = CodecPath::kSimd);
+
+// Canonical names of every codec valid for head_dim (tests, `kvq plan`).
+std::vector<std::string> AllKvCodecNames(int64_t head_dim);
 
 }  // namespace kvq

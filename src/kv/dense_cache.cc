@@ -45,6 +45,40 @@ class DenseKvCache final : public KvCache {
   }
   void ReleaseSequence(SeqId seq) override { sequences_.erase(seq); }
 
+  // A dense cache has nothing to share: a fork is a deep copy.
+  Status Fork(SeqId src, SeqId dst) override {
+    auto it = sequences_.find(src);
+    if (it == sequences_.end())
+      return Status::Error("fork: unknown sequence " + std::to_string(src));
+    if (sequences_.count(dst) != 0)
+      return Status::Error("fork: sequence " + std::to_string(dst) + " exists");
+    for (const Layer& l : it->second.layers) {
+      if (l.k.size() != it->second.layers[0].k.size())
+        return Status::Error("fork: sequence " + std::to_string(src) +
+                             " is in the middle of a forward pass");
+    }
+    Sequence copy = it->second;
+    sequences_[dst] = std::move(copy);
+    return Status::Ok();
+  }
+  Status Truncate(SeqId seq, int64_t length) override {
+    auto it = sequences_.find(seq);
+    if (it == sequences_.end())
+      return Status::Error("truncate: unknown sequence " + std::to_string(seq));
+    for (Layer& l : it->second.layers) {
+      const int64_t stored = static_cast<int64_t>(l.k.size()) / row_;
+      if (length < 0 || length > stored) {
+        return Status::Error("truncate: length " + std::to_string(length) + " outside [0, " +
+                             std::to_string(stored) + "]");
+      }
+    }
+    for (Layer& l : it->second.layers) {
+      l.k.resize(static_cast<size_t>(length * row_));
+      l.v.resize(static_cast<size_t>(length * row_));
+    }
+    return Status::Ok();
+  }
+
   int64_t Length(SeqId seq, int64_t layer) const override {
     auto it = sequences_.find(seq);
     if (it == sequences_.end()) return 0;
@@ -130,6 +164,12 @@ class DenseKvCache final : public KvCache {
       for (const Layer& l : s.layers) bytes += (l.k.size() + l.v.size()) * sizeof(T);
     }
     return bytes;
+  }
+  KvUsage Usage() const override {
+    KvUsage usage;
+    usage.bytes_used = BytesUsed();
+    usage.sequences = static_cast<int64_t>(sequences_.size());
+    return usage;
   }
   const char* TypeName() const override { return Elem::kName; }
 

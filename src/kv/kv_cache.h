@@ -21,6 +21,16 @@ struct KvShape {
   int64_t head_dim = 0;
 };
 
+// Memory accounting a server's /metrics (and `kvq generate`) reads.
+struct KvUsage {
+  int64_t blocks_total = 0;  // 0 for caches that are not paged
+  int64_t blocks_used = 0;   // blocks with a reference count above zero
+  size_t block_bytes = 0;
+  size_t bytes_used = 0;      // == BytesUsed(): used blocks + side data
+  size_t bytes_reserved = 0;  // the whole budget (arena + side data); 0 = grows on demand
+  int64_t sequences = 0;
+};
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -29,6 +39,14 @@ class KvCache {
   virtual Status AddSequence(SeqId seq) = 0;
   // Frees everything `seq` holds; unknown ids are ignored.
   virtual void ReleaseSequence(SeqId seq) = 0;
+  // Starts `dst` as a copy of `src` (every layer must hold the same length).
+  // A paged cache shares the blocks (copy-on-write: a later write into a
+  // shared block copies it first), so a fork costs no cache memory until the
+  // sequences diverge. Errors if `src` is unknown or `dst` exists.
+  virtual Status Fork(SeqId src, SeqId dst) = 0;
+  // Keeps the first `length` tokens of `seq` in every layer and frees the
+  // rest. Errors if `seq` is unknown or `length` exceeds what is stored.
+  virtual Status Truncate(SeqId seq, int64_t length) = 0;
   // Tokens stored for `seq` in `layer` (every layer holds the same count
   // once a forward pass has finished).
   virtual int64_t Length(SeqId seq, int64_t layer) const = 0;
@@ -51,6 +69,7 @@ class KvCache {
 
   // Bytes of cache storage currently in use (including any side data).
   virtual size_t BytesUsed() const = 0;
+  virtual KvUsage Usage() const = 0;
   // Short name of the storage type, e.g. "f16".
   virtual const char* TypeName() const = 0;
 };

@@ -7,9 +7,10 @@
 #include "base/threads.h"
 #include "engine/bench.h"
 #include "engine/loaded_model.h"
-#include "kv/dense_cache.h"
+#include "kv/kv_factory.h"
 #include "model/model_files.h"
 #include "tools/commands.h"
+#include "tools/kv_flags.h"
 
 namespace kvq {
 namespace {
@@ -21,7 +22,7 @@ struct BenchFlags {
   std::vector<int64_t> depths{0};
   int repetitions = 5;
   int threads = 0;
-  std::string kv_cache_dtype = "f16";
+  KvFlags kv;
 };
 
 int RunBenchCommand(const BenchFlags& flags) {
@@ -31,11 +32,6 @@ int RunBenchCommand(const BenchFlags& flags) {
     std::fprintf(stderr, "kvq bench: %s\n", loaded.status().message().c_str());
     return 1;
   }
-  auto kv_type = ParseDenseKvType(flags.kv_cache_dtype);
-  if (!kv_type.ok()) {
-    std::fprintf(stderr, "kvq bench: %s\n", kv_type.status().message().c_str());
-    return 1;
-  }
   Transformer& model = *loaded->transformer;
   int64_t max_context = 0;
   for (int64_t d : flags.depths) {
@@ -43,8 +39,22 @@ int RunBenchCommand(const BenchFlags& flags) {
     for (int64_t n : flags.gen_tokens) max_context = std::max(max_context, d + n);
   }
   const KvShape shape = model.kv_shape();
-  const CacheFactory make_cache = [&] {
-    return MakeDenseKvCache(shape, *kv_type, max_context, threads);
+  auto kv_options = KvFlagsToOptions(flags.kv, max_context, threads);
+  if (!kv_options.ok()) {
+    std::fprintf(stderr, "kvq bench: %s\n", kv_options.status().message().c_str());
+    return 1;
+  }
+  // Fail on a bad type or budget before the first test, not inside it.
+  auto probe = MakeKvCache(shape, *kv_options);
+  if (!probe.ok()) {
+    std::fprintf(stderr, "kvq bench: %s\n", probe.status().message().c_str());
+    return 1;
+  }
+  const std::string type_kv = (*probe)->TypeName();
+  probe = Status::Error("released");
+  const CacheFactory make_cache = [&]() -> std::unique_ptr<KvCache> {
+    auto cache = MakeKvCache(shape, *kv_options);
+    return cache.ok() ? std::move(cache).value() : nullptr;
   };
 
   const double size_gib = static_cast<double>(model.WeightBytesPerToken()) / (1 << 30);
@@ -69,8 +79,8 @@ int RunBenchCommand(const BenchFlags& flags) {
     }
     std::printf("| %s %s | %.2f GiB | %.2f B | kvq CPU | %d | %s | %s | %.2f ± %.2f |\n",
                 ArchitectureName(model.config().arch), model.files().source.c_str(), size_gib,
-                params_b, threads, flags.kv_cache_dtype.c_str(), test.Name().c_str(),
-                result->Mean(), result->StdDev());
+                params_b, threads, type_kv.c_str(), test.Name().c_str(), result->Mean(),
+                result->StdDev());
     std::fflush(stdout);
   }
   return 0;
@@ -96,8 +106,7 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
-                  "KV cache type: f32, f16 (default f16)");
+  AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunBenchCommand(*flags); });
 }
 

@@ -5,8 +5,9 @@
 #include "base/threads.h"
 #include "engine/generate.h"
 #include "engine/loaded_model.h"
-#include "kv/dense_cache.h"
+#include "kv/kv_factory.h"
 #include "tools/commands.h"
+#include "tools/kv_flags.h"
 
 namespace kvq {
 namespace {
@@ -22,7 +23,7 @@ struct GenerateFlags {
   bool chat = false;
   int threads = 0;
   int64_t context = 0;
-  std::string kv_cache_dtype = "f16";
+  KvFlags kv;
 };
 
 int RunGenerate(const GenerateFlags& flags) {
@@ -33,13 +34,18 @@ int RunGenerate(const GenerateFlags& flags) {
     return 1;
   }
   const ModelConfig& config = loaded->transformer->config();
-  auto kv_type = ParseDenseKvType(flags.kv_cache_dtype);
-  if (!kv_type.ok()) {
-    std::fprintf(stderr, "kvq generate: %s\n", kv_type.status().message().c_str());
+  const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
+  auto kv_options = KvFlagsToOptions(flags.kv, context, threads);
+  if (!kv_options.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", kv_options.status().message().c_str());
     return 1;
   }
-  const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
-  auto cache = MakeDenseKvCache(loaded->transformer->kv_shape(), *kv_type, context, threads);
+  auto made = MakeKvCache(loaded->transformer->kv_shape(), *kv_options);
+  if (!made.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", made.status().message().c_str());
+    return 1;
+  }
+  std::unique_ptr<KvCache> cache = std::move(made).value();
 
   GenerateOptions options;
   options.max_new_tokens = flags.max_new_tokens;
@@ -61,6 +67,9 @@ int RunGenerate(const GenerateFlags& flags) {
   }
   const double decode_steps = static_cast<double>(std::max<int64_t>(stats.generated_tokens - 1, 0));
   const double decode_tps = stats.decode_seconds > 0 ? decode_steps / stats.decode_seconds : 0;
+  // Blocks still held at the end (Generate releases its sequence, so the
+  // final byte count comes from its stats).
+  const KvUsage usage = cache->Usage();
   const double bytes_per_token = stats.weight_bytes_per_token + stats.kv_bytes_per_token;
   std::fprintf(stderr,
                "\nkvq generate: %s, %d threads, KV cache %s\n"
@@ -68,14 +77,16 @@ int RunGenerate(const GenerateFlags& flags) {
                "  decode:  %lld tokens in %.3f s (%.1f tokens/s), stop: %s\n"
                "  bytes read per decoded token: %.2f MB (weights %.2f MB + KV %.3f MB)"
                " -> %.2f GB/s\n"
-               "  KV cache at end: %.3f MB; peak RSS: %.1f MB\n",
+               "  KV cache at end: %.3f MB (%lld of %lld blocks of %zu bytes); peak RSS: %.1f MB\n",
                loaded->path.c_str(), threads, cache->TypeName(),
                static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds,
                stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
                static_cast<long long>(stats.generated_tokens), stats.decode_seconds, decode_tps,
                stats.stop_reason.c_str(), bytes_per_token / 1e6, stats.weight_bytes_per_token / 1e6,
                stats.kv_bytes_per_token / 1e6, bytes_per_token * decode_tps / 1e9,
-               stats.kv_bytes_final / 1e6, stats.peak_rss_bytes / 1e6);
+               stats.kv_bytes_final / 1e6, static_cast<long long>(usage.blocks_used),
+               static_cast<long long>(usage.blocks_total), usage.block_bytes,
+               stats.peak_rss_bytes / 1e6);
   return 0;
 }
 
@@ -102,8 +113,7 @@ void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-c,--ctx", flags->context,
                   "Context length in tokens (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
-                  "KV cache type: f32, f16 (default f16)");
+  AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunGenerate(*flags); });
 }
 

@@ -1,0 +1,97 @@
+#include "kv/block_allocator.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <string>
+
+namespace kvq {
+
+void BlockAllocator::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+BlockAllocator::BlockAllocator(size_t block_bytes, int64_t num_blocks, uint8_t* arena)
+    : block_bytes_(block_bytes), arena_(arena), ref_counts_(static_cast<size_t>(num_blocks), 0) {
+  free_list_.reserve(static_cast<size_t>(num_blocks));
+  // Pushed in reverse so Allocate hands out low addresses first.
+  for (int64_t i = num_blocks - 1; i >= 0; --i) free_list_.push_back(static_cast<BlockId>(i));
+}
+
+StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(size_t block_bytes,
+                                                                 int64_t num_blocks) {
+  if (block_bytes == 0 || block_bytes % 64 != 0) {
+    return Status::Error("block allocator: block size " + std::to_string(block_bytes) +
+                         " bytes is not a positive multiple of 64");
+  }
+  if (num_blocks < 0 || num_blocks > INT32_MAX) {
+    return Status::Error("block allocator: bad block count " + std::to_string(num_blocks));
+  }
+  const size_t bytes = block_bytes * static_cast<size_t>(num_blocks);
+  if (num_blocks != 0 && bytes / static_cast<size_t>(num_blocks) != block_bytes) {
+    return Status::Error("block allocator: " + std::to_string(num_blocks) + " blocks of " +
+                         std::to_string(block_bytes) + " bytes overflow the address space");
+  }
+  uint8_t* arena = nullptr;
+  if (bytes > 0) {
+    // Pages are touched only when a block is first written, so a large budget
+    // costs address space, not resident memory, until it is used.
+    arena = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+    if (arena == nullptr) {
+      return Status::Error("block allocator: cannot allocate " + std::to_string(bytes) +
+                           " bytes (" + std::to_string(num_blocks) + " blocks of " +
+                           std::to_string(block_bytes) + ")");
+    }
+  }
+  return std::unique_ptr<BlockAllocator>(new BlockAllocator(block_bytes, num_blocks, arena));
+}
+
+StatusOr<BlockId> BlockAllocator::Allocate() {
+  if (free_list_.empty()) {
+    return Status::Error("KV cache out of memory: all " + std::to_string(NumBlocks()) +
+                         " blocks of " + std::to_string(block_bytes_) +
+                         " bytes are in use (raise --kv-memory)");
+  }
+  const BlockId block = free_list_.back();
+  free_list_.pop_back();
+  assert(ref_counts_[static_cast<size_t>(block)] == 0);
+  ref_counts_[static_cast<size_t>(block)] = 1;
+  return block;
+}
+
+void BlockAllocator::Ref(BlockId block) {
+  assert(block >= 0 && block < NumBlocks());
+  assert(ref_counts_[static_cast<size_t>(block)] > 0 && "Ref of a free block");
+  ++ref_counts_[static_cast<size_t>(block)];
+}
+
+void BlockAllocator::Unref(BlockId block) {
+  assert(block >= 0 && block < NumBlocks());
+  int32_t& count = ref_counts_[static_cast<size_t>(block)];
+  assert(count > 0 && "Unref of a free block (double free)");
+  if (count <= 0) return;  // release builds: ignore rather than corrupt the free list
+  if (--count == 0) free_list_.push_back(block);
+}
+
+Status BlockAllocator::CheckInvariants() const {
+  std::vector<char> in_free_list(ref_counts_.size(), 0);
+  for (BlockId b : free_list_) {
+    if (b < 0 || b >= NumBlocks()) {
+      return Status::Error("free list holds out-of-range block " + std::to_string(b));
+    }
+    if (in_free_list[static_cast<size_t>(b)]) {
+      return Status::Error("block " + std::to_string(b) + " is on the free list twice");
+    }
+    in_free_list[static_cast<size_t>(b)] = 1;
+  }
+  for (size_t b = 0; b < ref_counts_.size(); ++b) {
+    if (ref_counts_[b] < 0) {
+      return Status::Error("block " + std::to_string(b) + " has a negative reference count");
+    }
+    if ((ref_counts_[b] == 0) != (in_free_list[b] != 0)) {
+      return Status::Error("block " + std::to_string(b) + " has reference count " +
+                           std::to_string(ref_counts_[b]) +
+                           (in_free_list[b] ? " but is on the free list" : " but is not in use"));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvq

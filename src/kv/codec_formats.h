@@ -1,0 +1,76 @@
+// Scalar definitions of the codec formats (see codec.h for the layouts):
+// the reference twins the SIMD kernels must match, shared by the codec
+// implementations and their tests. Internal to the kv layer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kv/codec.h"
+
+namespace kvq::codec {
+
+// ---- fp8 ----
+struct Fp8Format {
+  const char* name;
+  int mantissa_bits;
+  int bias;
+  float max_finite;
+  uint8_t max_code;  // magnitude code of max_finite; codes above it are NaN (or inf)
+  uint8_t nan_code;  // magnitude code written for NaN input
+};
+inline constexpr Fp8Format kE4M3{"fp8_e4m3", 3, 7, 448.0f, 0x7E, 0x7F};
+inline constexpr Fp8Format kE5M2{"fp8_e5m2", 2, 15, 57344.0f, 0x7B, 0x7E};
+
+// y (already divided by the scale) -> code: round to nearest even,
+// subnormals kept, |y| beyond max_finite (and inf) saturate, NaN -> NaN.
+uint8_t Fp8EncodeRef(float y, const Fp8Format& f);
+// code -> value (exact; NaN codes -> NaN). Multiply by the scale afterwards.
+float Fp8DecodeRef(uint8_t code, const Fp8Format& f);
+
+// ---- integer groups ----
+struct IntFormat {
+  int bits = 4;            // 8, 4 or 2
+  int64_t group = 32;      // 32, 64 or 128
+  bool symmetric = false;  // sym: scale only; asym: scale + min
+
+  int64_t Levels() const { return int64_t{1} << bits; }
+  int64_t Groups(int64_t head_dim) const { return head_dim / group; }
+  size_t CodeBytes(int64_t head_dim) const { return static_cast<size_t>(head_dim * bits / 8); }
+  size_t RowBytes(int64_t head_dim) const {
+    return CodeBytes(head_dim) + static_cast<size_t>(Groups(head_dim)) * (symmetric ? 2 : 4);
+  }
+  std::string Name() const;
+};
+
+// Group parameters as stored (f16 bits) and as used in f32.
+struct GroupParams {
+  uint16_t scale_bits, min_bits;  // min_bits unused (0) for sym
+  float scale;                    // f16 value of scale_bits
+  float offset;                   // asym: min; sym: -2^(bits-1) * scale (x^ = u * scale + offset)
+  float inv_scale;                // 1 / scale, or 0 when scale == 0
+};
+// Parameters from a group's min and max (the SIMD path reduces those itself).
+GroupParams IntGroupParams(const IntFormat& f, float min, float max);
+// The code of x under p (see codec.h).
+uint8_t IntQuantizeRef(const IntFormat& f, const GroupParams& p, float x);
+// Stores code u of element i (0 <= i < head_dim) into a row's code bytes.
+void IntPackRef(const IntFormat& f, int64_t i, uint8_t u, uint8_t* codes);
+uint8_t IntUnpackRef(const IntFormat& f, int64_t i, const uint8_t* codes);
+
+// ---- reference fused kernels ----
+// Scores / AccumulateV as codec.h defines them, computed by decoding each row
+// with codec.Decode and accumulating in double: the scalar truth.
+void ScoresByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n, const float* q,
+                      int64_t group, float scale, float* scores, int64_t stride);
+void AccumulateVByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n, const float* p,
+                           int64_t group, int64_t stride, float* acc);
+
+// ---- factories (one per codec family file) ----
+enum class FloatKind { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
+std::unique_ptr<KvCodec> MakeFloatCodec(FloatKind kind, int64_t head_dim, CodecPath path);
+std::unique_ptr<KvCodec> MakeIntCodec(const IntFormat& format, int64_t head_dim, CodecPath path);
+
+}  // namespace kvq::codec

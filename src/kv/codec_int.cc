@@ -1,0 +1,369 @@
+// Integer group codecs: int8 / int4 / int2, group 32 / 64 / 128, symmetric
+// or asymmetric (layout and mapping in codec.h). SIMD kernels compiled once
+// per Highway target; scalar twins below.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/fp16.h"
+#include "kv/codec_formats.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kv/codec_int.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// After highway.h (per-target code).
+#include "kv/codec_kernels-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvq::codec {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// A group scale or min: F16C converts one half in one instruction on every
+// AVX2+ target; the portable path branches on the exponent.
+HWY_INLINE float HalfToF32(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return _cvtsh_ss(bits);
+#else
+  return F16ToF32(bits);
+#endif
+}
+
+// int2 decodes 8 lanes per load (8 code bytes hold a 32-value block), the
+// others up to 16.
+template <int kBits>
+using IntTag = hn::CappedTag<float, kBits == 2 ? 8 : 16>;
+
+template <int kBits, bool kSymmetric>
+struct IntFmt {
+  using D = IntTag<kBits>;
+  int64_t head_dim;
+  size_t row_bytes;
+  int group_shift;  // log2(group)
+  int64_t code_bytes;
+  int64_t groups;
+
+  HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i) const {
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<uint8_t, D> du8;
+    const int64_t g = i >> group_shift;
+    const float scale = HalfToF32(row + code_bytes + 2 * g);
+    const float offset = kSymmetric ? -static_cast<float>(1 << (kBits - 1)) * scale
+                                    : HalfToF32(row + code_bytes + 2 * (groups + g));
+    hn::Vec<decltype(di)> u;
+    if constexpr (kBits == 8) {
+      u = hn::PromoteTo(di, hn::LoadU(du8, row + i));
+    } else if constexpr (kBits == 4) {
+      const int64_t within = i & 31;
+      const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 16 + (within & 15)));
+      u = within < 16 ? hn::And(raw, hn::Set(di, 0xF)) : hn::ShiftRight<4>(raw);
+    } else {
+      const int64_t within = i & 31;
+      const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 8 + (within & 7)));
+      u = hn::And(hn::ShiftRightSame(raw, static_cast<int>(2 * (within >> 3))), hn::Set(di, 3));
+    }
+    return hn::MulAdd(hn::ConvertTo(d, u), hn::Set(d, scale), hn::Set(d, offset));
+  }
+};
+
+// Codes of x[i, i + Lanes) under p.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> Quantize(D d, const float* x, const GroupParams& p,
+                                                   float max_code) {
+  const hn::Vec<D> t =
+      hn::Mul(hn::Sub(hn::LoadU(d, x), hn::Set(d, p.offset)), hn::Set(d, p.inv_scale));
+  // Max before Min and both before rounding, as IntQuantizeRef: a NaN t
+  // becomes 0 (x86 max returns its second operand on NaN, like std::fmax).
+  return hn::NearestInt(hn::Min(hn::Max(t, hn::Zero(d)), hn::Set(d, max_code)));
+}
+
+template <int kBits>
+void EncodeRows(const IntFormat& f, int64_t dim, const float* HWY_RESTRICT x, int64_t n,
+                uint8_t* HWY_RESTRICT rows) {
+  using D = IntTag<kBits>;
+  const D d;
+  const hn::Rebind<uint8_t, D> du8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t code_bytes = static_cast<int64_t>(f.CodeBytes(dim));
+  const int64_t groups = f.Groups(dim);
+  const int64_t row_bytes = static_cast<int64_t>(f.RowBytes(dim));
+  const float max_code = static_cast<float>(f.Levels() - 1);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * dim;
+    uint8_t* row = rows + t * row_bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xr + g * f.group;
+      auto vmin = hn::LoadU(d, xg);
+      auto vmax = vmin;
+      for (int64_t i = lanes; i < f.group; i += lanes) {
+        vmin = hn::Min(vmin, hn::LoadU(d, xg + i));
+        vmax = hn::Max(vmax, hn::LoadU(d, xg + i));
+      }
+      const GroupParams p = IntGroupParams(f, hn::GetLane(hn::MinOfLanes(d, vmin)),
+                                           hn::GetLane(hn::MaxOfLanes(d, vmax)));
+      std::memcpy(row + code_bytes + 2 * g, &p.scale_bits, 2);
+      if (!f.symmetric) std::memcpy(row + code_bytes + 2 * (groups + g), &p.min_bits, 2);
+      for (int64_t b = 0; b < f.group; b += 32) {  // one 32-value packing block
+        const float* xb = xg + b;
+        const int64_t first = g * f.group + b;  // element index of the block
+        if constexpr (kBits == 8) {
+          for (int64_t j = 0; j < 32; j += lanes) {
+            hn::StoreU(hn::DemoteTo(du8, Quantize(d, xb + j, p, max_code)), du8, row + first + j);
+          }
+        } else if constexpr (kBits == 4) {
+          for (int64_t j = 0; j < 16; j += lanes) {
+            const auto lo = Quantize(d, xb + j, p, max_code);
+            const auto hi = Quantize(d, xb + 16 + j, p, max_code);
+            hn::StoreU(hn::DemoteTo(du8, hn::Or(lo, hn::ShiftLeft<4>(hi))), du8,
+                       row + first / 2 + j);
+          }
+        } else {
+          for (int64_t j = 0; j < 8; j += lanes) {
+            auto packed = Quantize(d, xb + j, p, max_code);
+            packed = hn::Or(packed, hn::ShiftLeft<2>(Quantize(d, xb + 8 + j, p, max_code)));
+            packed = hn::Or(packed, hn::ShiftLeft<4>(Quantize(d, xb + 16 + j, p, max_code)));
+            packed = hn::Or(packed, hn::ShiftLeft<6>(Quantize(d, xb + 24 + j, p, max_code)));
+            hn::StoreU(hn::DemoteTo(du8, packed), du8, row + first / 4 + j);
+          }
+        }
+      }
+    }
+  }
+}
+
+int GroupShift(int64_t group) {
+  int shift = 0;
+  while ((int64_t{1} << shift) < group) ++shift;
+  return shift;
+}
+
+// Calls f with the format object for (bits, symmetric).
+template <class F>
+HWY_INLINE void WithFormat(const IntFormat& f, int64_t dim, const F& fn) {
+  const size_t row_bytes = f.RowBytes(dim);
+  const int shift = GroupShift(f.group);
+  const int64_t code_bytes = static_cast<int64_t>(f.CodeBytes(dim));
+  const int64_t groups = f.Groups(dim);
+  auto run = [&](auto fmt) {
+    fmt.head_dim = dim;
+    fmt.row_bytes = row_bytes;
+    fmt.group_shift = shift;
+    fmt.code_bytes = code_bytes;
+    fmt.groups = groups;
+    fn(fmt);
+  };
+  switch (f.bits * 2 + (f.symmetric ? 1 : 0)) {
+    case 16:
+      return run(IntFmt<8, false>{});
+    case 17:
+      return run(IntFmt<8, true>{});
+    case 8:
+      return run(IntFmt<4, false>{});
+    case 9:
+      return run(IntFmt<4, true>{});
+    case 4:
+      return run(IntFmt<2, false>{});
+    default:
+      return run(IntFmt<2, true>{});
+  }
+}
+
+void IntEncodeImpl(const IntFormat& f, int64_t dim, const float* x, int64_t n, uint8_t* rows) {
+  switch (f.bits) {
+    case 8:
+      return EncodeRows<8>(f, dim, x, n, rows);
+    case 4:
+      return EncodeRows<4>(f, dim, x, n, rows);
+    default:
+      return EncodeRows<2>(f, dim, x, n, rows);
+  }
+}
+
+void IntDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, float* x) {
+  WithFormat(f, dim, [&](const auto& fmt) { DecodeRows(fmt, rows, n, x); });
+}
+
+void IntScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const float* q,
+                   int64_t group, float scale, float* scores, int64_t stride) {
+  WithFormat(f, dim,
+             [&](const auto& fmt) { Scores(fmt, rows, n, q, group, scale, scores, stride); });
+}
+
+void IntAccumulateImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                       const float* p, int64_t group, int64_t stride, float* acc) {
+  WithFormat(f, dim, [&](const auto& fmt) { AccumulateV(fmt, rows, n, p, group, stride, acc); });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvq::codec
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvq::codec {
+
+HWY_EXPORT(IntEncodeImpl);
+HWY_EXPORT(IntDecodeImpl);
+HWY_EXPORT(IntScoresImpl);
+HWY_EXPORT(IntAccumulateImpl);
+
+std::string IntFormat::Name() const {
+  return "int" + std::to_string(bits) + "-g" + std::to_string(group) +
+         (symmetric ? "-sym" : "-asym");
+}
+
+GroupParams IntGroupParams(const IntFormat& f, float min, float max) {
+  constexpr float kF16Max = 65504.0f;
+  // fmin/fmax return the non-NaN operand, so NaN input never reaches a
+  // float-to-int conversion (undefined behaviour) anywhere below.
+  auto saturate = [&](float v) { return std::fmin(std::fmax(v, -kF16Max), kF16Max); };
+  const float half_levels = static_cast<float>(f.Levels() / 2);
+  GroupParams p{};
+  if (f.symmetric) {
+    const float extreme = max >= -min ? max : min;  // largest magnitude, positive on a tie
+    p.scale_bits = F32ToF16(saturate(extreme / -half_levels));
+    p.scale = F16ToF32(p.scale_bits);
+    p.offset = -half_levels * p.scale;
+  } else {
+    p.scale_bits = F32ToF16(saturate((max - min) / static_cast<float>(f.Levels() - 1)));
+    p.min_bits = F32ToF16(saturate(min));
+    p.scale = F16ToF32(p.scale_bits);
+    p.offset = F16ToF32(p.min_bits);
+  }
+  p.inv_scale = p.scale != 0.0f ? 1.0f / p.scale : 0.0f;
+  return p;
+}
+
+uint8_t IntQuantizeRef(const IntFormat& f, const GroupParams& p, float x) {
+  const float t = (x - p.offset) * p.inv_scale;
+  const float clamped = std::fmin(std::fmax(t, 0.0f), static_cast<float>(f.Levels() - 1));
+  return static_cast<uint8_t>(std::nearbyint(clamped));
+}
+
+void IntPackRef(const IntFormat& f, int64_t i, uint8_t u, uint8_t* codes) {
+  const int64_t block = i / 32, within = i % 32;
+  switch (f.bits) {
+    case 8:
+      codes[i] = u;
+      break;
+    case 4: {
+      uint8_t& byte = codes[block * 16 + within % 16];
+      byte = within < 16 ? static_cast<uint8_t>((byte & 0xF0) | u)
+                         : static_cast<uint8_t>((byte & 0x0F) | (u << 4));
+      break;
+    }
+    default: {
+      const int shift = static_cast<int>(2 * (within / 8));
+      uint8_t& byte = codes[block * 8 + within % 8];
+      byte = static_cast<uint8_t>((byte & ~(3 << shift)) | (u << shift));
+      break;
+    }
+  }
+}
+
+uint8_t IntUnpackRef(const IntFormat& f, int64_t i, const uint8_t* codes) {
+  const int64_t block = i / 32, within = i % 32;
+  switch (f.bits) {
+    case 8:
+      return codes[i];
+    case 4: {
+      const uint8_t byte = codes[block * 16 + within % 16];
+      return within < 16 ? byte & 0xF : byte >> 4;
+    }
+    default:
+      return (codes[block * 8 + within % 8] >> (2 * (within / 8))) & 3;
+  }
+}
+
+namespace {
+
+class IntCodec final : public KvCodec {
+ public:
+  IntCodec(const IntFormat& format, int64_t head_dim, CodecPath path)
+      : KvCodec(head_dim), format_(format), path_(path) {}
+
+  std::string Name() const override { return format_.Name(); }
+  size_t RowBytes() const override { return format_.RowBytes(head_dim_); }
+
+  void Encode(const float* x, int64_t n, uint8_t* rows) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(IntEncodeImpl)(format_, head_dim_, x, n, rows);
+    }
+    const size_t code_bytes = format_.CodeBytes(head_dim_);
+    const int64_t groups = format_.Groups(head_dim_);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xr = x + t * head_dim_;
+      uint8_t* row = rows + t * RowBytes();
+      std::memset(row, 0, code_bytes);
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* xg = xr + g * format_.group;
+        float min = xg[0], max = xg[0];
+        for (int64_t i = 1; i < format_.group; ++i) {
+          min = std::fmin(min, xg[i]);
+          max = std::fmax(max, xg[i]);
+        }
+        const GroupParams p = IntGroupParams(format_, min, max);
+        std::memcpy(row + code_bytes + 2 * g, &p.scale_bits, 2);
+        if (!format_.symmetric) std::memcpy(row + code_bytes + 2 * (groups + g), &p.min_bits, 2);
+        for (int64_t i = 0; i < format_.group; ++i) {
+          IntPackRef(format_, g * format_.group + i, IntQuantizeRef(format_, p, xg[i]), row);
+        }
+      }
+    }
+  }
+
+  void Decode(const uint8_t* rows, int64_t n, float* x) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(IntDecodeImpl)(format_, head_dim_, rows, n, x);
+    }
+    const size_t code_bytes = format_.CodeBytes(head_dim_);
+    const int64_t groups = format_.Groups(head_dim_);
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* row = rows + t * RowBytes();
+      for (int64_t g = 0; g < groups; ++g) {
+        uint16_t scale_bits, min_bits = 0;
+        std::memcpy(&scale_bits, row + code_bytes + 2 * g, 2);
+        if (!format_.symmetric) std::memcpy(&min_bits, row + code_bytes + 2 * (groups + g), 2);
+        const float scale = F16ToF32(scale_bits);
+        const float offset = format_.symmetric ? -static_cast<float>(format_.Levels() / 2) * scale
+                                               : F16ToF32(min_bits);
+        for (int64_t i = g * format_.group; i < (g + 1) * format_.group; ++i) {
+          x[t * head_dim_ + i] = static_cast<float>(IntUnpackRef(format_, i, row)) * scale + offset;
+        }
+      }
+    }
+  }
+
+  void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
+              float* scores, int64_t stride) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(IntScoresImpl)(format_, head_dim_, rows, n, q, group, scale,
+                                                 scores, stride);
+    }
+    ScoresByDecoding(*this, rows, n, q, group, scale, scores, stride);
+  }
+
+  void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
+                   float* acc) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(IntAccumulateImpl)(format_, head_dim_, rows, n, p, group, stride,
+                                                     acc);
+    }
+    AccumulateVByDecoding(*this, rows, n, p, group, stride, acc);
+  }
+
+ private:
+  IntFormat format_;
+  CodecPath path_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvCodec> MakeIntCodec(const IntFormat& format, int64_t head_dim, CodecPath path) {
+  return std::make_unique<IntCodec>(format, head_dim, path);
+}
+
+}  // namespace kvq::codec
+#endif  // HWY_ONCE

@@ -1,0 +1,85 @@
+// The paged KV cache (vLLM's PagedAttention idea over kvq's codecs): one
+// BlockAllocator arena, a block table per sequence, copy-on-write forks, and
+// attention computed straight from the encoded blocks (Scores on K tiles,
+// AccumulateV on V tiles, online softmax) without an f32 copy of the cache.
+// The byte layout of a block is KvLayout's (kv_factory.h).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/block_allocator.h"
+#include "kv/codec.h"
+#include "kv/kv_cache.h"
+#include "kv/kv_factory.h"
+
+namespace kvq {
+
+class PagedKvCache final : public KvCache {
+ public:
+  static StatusOr<std::unique_ptr<PagedKvCache>> Create(const KvShape& shape,
+                                                        const KvCacheOptions& options);
+
+  Status AddSequence(SeqId seq) override;
+  void ReleaseSequence(SeqId seq) override;
+  Status Fork(SeqId src, SeqId dst) override;
+  Status Truncate(SeqId seq, int64_t length) override;
+  int64_t Length(SeqId seq, int64_t layer) const override;
+  int64_t Capacity(SeqId seq) const override;
+  Status Append(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope, const float* k,
+                const float* v) override;
+  void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+              float* out) const override;
+  size_t BytesUsed() const override;
+  KvUsage Usage() const override;
+  const char* TypeName() const override { return type_name_.c_str(); }
+
+  const KvLayout& layout() const { return layout_; }
+  const BlockAllocator& allocator() const { return *allocator_; }
+  // The block table of `seq` (empty if unknown): for tests of sharing.
+  std::vector<BlockId> BlockTable(SeqId seq) const;
+
+  // Decodes what `seq` stores in `layer` through each codec's Decode (the
+  // scalar truth), in the stored domain (rotated when options.rotate).
+  // k, v: [Length(seq, layer), num_kv_heads, head_dim]. For tests and studies.
+  Status DecodeLayer(SeqId seq, int64_t layer, float* k, float* v) const;
+
+ private:
+  struct Sequence {
+    std::vector<BlockId> blocks;   // logical block j -> physical block
+    std::vector<int64_t> lengths;  // [num_layers] tokens stored per layer
+  };
+
+  PagedKvCache(const KvShape& shape, const KvCacheOptions& options, const KvLayout& layout);
+  // Makes blocks [first, last] of `s` exclusive (copying shared ones) and
+  // allocates missing blocks up to `last`. Checks the budget first, so a
+  // failure changes nothing.
+  Status PrepareWrite(Sequence& s, int64_t first_block, int64_t last_block);
+  // Free blocks this sequence can still fill, counting the copy a shared
+  // partial last block would need.
+  int64_t TokensThatFit(const Sequence& s) const;
+  // Encodes x [n, num_kv_heads, head_dim] into tokens [start, start + n) of
+  // the K (is_v = false) or V tiles of `layer`.
+  void EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t start, int64_t n, const float* x);
+  void AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q, float scale,
+                   float* out) const;
+
+  KvShape shape_;
+  KvCacheOptions options_;
+  KvLayout layout_;
+  int num_threads_;
+  std::string type_name_;
+  std::unique_ptr<BlockAllocator> allocator_;
+  // One codec instance per (layer, KV head): index layer * num_kv_heads + head.
+  std::vector<std::unique_ptr<KvCodec>> k_codecs_, v_codecs_;
+  std::vector<char> k_calibrated_, v_calibrated_;
+  std::map<SeqId, Sequence> sequences_;
+
+  Sequence* Find(SeqId seq);
+  const Sequence* Find(SeqId seq) const;
+};
+
+}  // namespace kvq

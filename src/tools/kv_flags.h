@@ -1,0 +1,32 @@
+// The KV-cache flags every command that runs a model shares (generate,
+// bench, perplexity, plan, serve): registered once here, turned into
+// KvCacheOptions once here, so their names, defaults and help never drift.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "kv/kv_factory.h"
+
+namespace kvq {
+
+struct KvFlags {
+  std::string kv_cache_dtype = "f16";  // K and V
+  std::string cache_type_k;            // overrides kv_cache_dtype for K when set
+  std::string cache_type_v;            // overrides kv_cache_dtype for V when set
+  bool rotate = false;
+  std::string memory;  // --kv-memory text; empty = room for one sequence of the context
+  int64_t block_tokens = 16;
+};
+
+// Adds --kv-cache-dtype, --cache-type-k, --cache-type-v, --kv-rotate,
+// --kv-memory and --kv-block to `cmd`. `flags` must outlive parsing.
+void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags);
+
+// max_tokens: the per-sequence limit (the context); threads: Attend's OpenMP
+// threads. Errors name the bad flag.
+StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens, int threads);
+
+}  // namespace kvq

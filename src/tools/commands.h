@@ -16,5 +16,6 @@ void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);
 void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx);
 void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
+void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

@@ -1,7 +1,10 @@
 // Load generator for kvq serve (or any OpenAI-compatible server): streaming
 // completions at fixed concurrency levels, bounded by a request count and a
 // time limit per level, loopback only. Prints one markdown row per level:
-// generated tokens/s, time to first token and inter-token latency p50/p99.
+// generated tokens/s, time to first token (TTFT) and inter-token latency
+// p50/p99. Inter-token latency is per request: (last token - first token) /
+// (tokens - 1), vLLM's TPOT. Timing single SSE chunks instead would be
+// wrong: several tokens can arrive in one socket read and look like 0 ms.
 //
 //   node bench/serve_load.mjs --url http://127.0.0.1:PORT --model NAME
 //        [--concurrency 1,8,32] [--requests 32] [--seconds 120]
@@ -104,7 +107,8 @@ async function runLevel(args, concurrency, random) {
   const seconds = (performance.now() - begin) / 1000;
   const ok = results.filter((r) => r.status === 200);
   const ttft = ok.filter((r) => r.arrivals.length).map((r) => r.arrivals[0] - r.start);
-  const itl = ok.flatMap((r) => r.arrivals.slice(1).map((t, i) => t - r.arrivals[i]));
+  const itl = ok.filter((r) => r.arrivals.length > 1 && r.tokens > 1)
+    .map((r) => (r.arrivals.at(-1) - r.arrivals[0]) / (r.tokens - 1));
   const tokens = ok.reduce((s, r) => s + r.tokens, 0);
   const refused = results.filter((r) => r.status === 429 || r.status === 503).length;
   return { concurrency, done: ok.length, refused, failed: results.length - ok.length - refused,
@@ -113,7 +117,7 @@ async function runLevel(args, concurrency, random) {
 
 const args = parseArgs(process.argv.slice(2));
 const random = makeRandom(Number(args.seed));
-console.log(`| label | concurrency | requests ok / refused / failed | prompt tokens | generated tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |`);
+console.log(`| label | concurrency | requests ok / refused / failed | prompt tokens | generated tok/s | TTFT p50 ms | TTFT p99 ms | ITL (TPOT) p50 ms | ITL (TPOT) p99 ms |`);
 console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
 for (const level of String(args.concurrency).split(',').map(Number)) {
   const r = await runLevel(args, level, random);

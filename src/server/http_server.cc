@@ -60,6 +60,7 @@ struct StreamState {
   std::string id;
   int64_t created = 0;
   std::shared_ptr<RequestChannel> channel;
+  std::string echo_text;  // echo: the prompt, sent before the completion
   bool first = true;
   bool done = false;
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
@@ -244,12 +245,17 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   state->id = NewId(chat);
   state->created = UnixSeconds();
   state->channel = submitted.channel;
+  if (state->request.echo) {
+    state->echo_text = state->request.prompt_ids.empty()
+                           ? state->request.prompt
+                           : model.tokenizer->Decode(state->request.prompt_ids);
+  }
   if (state->request.stream) {
     done.count = nullptr;
     return Stream(res, state);
   }
 
-  std::string text = state->request.echo ? state->request.prompt : "";
+  std::string text = state->echo_text;
   while (true) {
     std::vector<RequestEvent> events;
     state->channel->Pop(&events, std::chrono::milliseconds(200));
@@ -283,6 +289,15 @@ void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamStat
           state->last_write = std::chrono::steady_clock::now();
           return sink.write(data.data(), data.size());
         };
+        if (!state->echo_text.empty()) {
+          const std::string prompt = std::move(state->echo_text);
+          state->echo_text.clear();
+          if (!write(StreamChunk(state->request, state->id, state->created, prompt, "", true,
+                                 nullptr))) {
+            return false;
+          }
+          state->first = false;
+        }
         std::vector<RequestEvent> events;
         if (!state->channel->Pop(&events, std::chrono::milliseconds(100))) {
           // Nothing to send (queued or a long prefill): an SSE comment now

@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
 import { once } from 'node:events';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
@@ -14,6 +15,10 @@ const [kvq, openaiDir, modelDir] = process.argv.slice(2);
 if (!kvq || !openaiDir || !modelDir) {
   console.error('usage: node openai_client_test.mjs KVQ_BINARY OPENAI_PACKAGE_DIR MODEL_DIR');
   process.exit(2);
+}
+if (!existsSync(path.join(openaiDir, 'index.mjs'))) {
+  console.log(`SKIP: the openai package is missing at ${openaiDir} (run scripts/setup.sh)`);
+  process.exit(77);  // ctest SKIP_RETURN_CODE
 }
 const { default: OpenAI } = await import(pathToFileURL(path.join(openaiDir, 'index.mjs')).href);
 
@@ -168,6 +173,16 @@ await test('stop strings end the output and are not returned', async () => {
   const r = await openai.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 24, temperature: 0, stop: [stop] });
   assert.equal(r.choices[0].finish_reason, 'stop');
   assert.equal(r.choices[0].text, greedyText.slice(0, greedyText.indexOf(stop)));
+});
+
+await test('echo returns the prompt before the completion, plain and streamed', async () => {
+  const r = await openai.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 24, temperature: 0, echo: true });
+  assert.equal(r.choices[0].text, PROMPT + greedyText);
+  const stream = await openai.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 24,
+    temperature: 0, echo: true, stream: true });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0].text;
+  assert.equal(text, PROMPT + greedyText);
 });
 
 await test('seeded sampling is reproducible', async () => {

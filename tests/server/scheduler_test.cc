@@ -9,7 +9,7 @@
 #include "engine/generate.h"
 #include "engine/loaded_model.h"
 #include "kv/kv_factory.h"
-#include "model/synth.h"
+#include "server/test_model.h"
 
 namespace kvq {
 namespace {
@@ -33,26 +33,11 @@ Output Drain(RequestChannel& channel) {
   return out;
 }
 
-// A random-weight tiny Qwen2 with the real Qwen2 vocabulary (one file per
-// process: ctest runs test cases in parallel processes).
 class SchedulerTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string vocab_path =
-        std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
-    if (!fs::exists(vocab_path)) return;
-    auto vocab = GgufFile::Open(vocab_path);
-    ASSERT_TRUE(vocab.ok()) << vocab.status().message();
-    auto preset = FindSynthPreset("tiny-qwen2");
-    ASSERT_TRUE(preset.ok());
-    ModelConfig config = preset->config;
-    config.max_position_embeddings = 256;
-    path_ = new std::string(
-        (fs::path(KVQ_BINARY_DIR) / ("scheduler_test_" + std::to_string(::getpid()) + ".gguf"))
-            .string());
-    SynthOptions options;
-    options.seed = 5;
-    ASSERT_TRUE(WriteSynthGguf(config, vocab->get(), options, *path_).ok());
+    const std::string path = WriteTinyServerModel("scheduler_test");
+    if (!path.empty()) path_ = new std::string(path);
   }
   static void TearDownTestSuite() {
     if (path_ != nullptr) fs::remove(*path_);

@@ -251,7 +251,12 @@ Status Scheduler::StepBatch(StepReport* report) {
     samples.push_back(n == remaining);
     report->prompt_tokens += n;
   }
-  if (batch.empty()) return Status::Ok();
+  if (batch.empty()) {
+    // Every running sequence is prefilling and the free blocks went to
+    // sequences that have since grown: free the newest so the rest progress.
+    if (running_.size() > 1) Preempt(running_.size() - 1, report);
+    return Status::Ok();
+  }
   report->batch_sequences = static_cast<int64_t>(batch.size());
 
   const Status status = model_.Forward(batch, cache_, &logits_);

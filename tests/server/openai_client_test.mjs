@@ -291,6 +291,23 @@ await test('SIGTERM: running streams finish, then exit 0', async () => {
   assert.equal(code, 0, server.stderr());
 });
 
+await test('SIGTERM past --shutdown-timeout: open streams end with an error event, exit 0', async () => {
+  const second = await startServer(['--shutdown-timeout', '0']);
+  const c = client(second.base);
+  const stream = await c.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 200,
+    stream: true, ignore_eos: true });
+  const exited = once(second.child, 'exit');
+  let chunks = 0;
+  await assert.rejects(async () => {
+    for await (const chunk of stream) {
+      if (++chunks === 1) second.child.kill('SIGTERM');
+    }
+  }, (e) => /cancelled/.test(e.message));
+  assert.ok(chunks < 200);
+  const [code] = await exited;
+  assert.equal(code, 0, second.stderr());
+});
+
 if (server.child.exitCode === null) server.child.kill('SIGKILL');
 const failed = results.filter(([, ok]) => !ok).length;
 console.log(`${results.length - failed}/${results.length} passed`);

@@ -165,6 +165,10 @@ await test('chat, plain and streamed with include_usage', async () => {
   assert.equal(usage.choices.length, 0);
   assert.deepEqual(usage.usage, r.usage);
   assert.equal(text, r.choices[0].message.content);
+  // The same conversation through `kvq generate --chat`, greedy.
+  const out = execFileSync(kvq, ['generate', '-m', modelDir, '--chat', '-p', messages[0].content, '-n', '16',
+    '-t', THREADS], { stdio: ['ignore', 'pipe', 'ignore'] }).toString();
+  assert.equal(r.choices[0].message.content + '\n', out);
 });
 
 await test('stop strings end the output and are not returned', async () => {

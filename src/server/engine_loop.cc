@@ -102,6 +102,9 @@ void EngineLoop::Run() {
       if (stop_) break;
       poke_ = false;
       arrived.swap(inbox_);
+      // Busy from the moment requests leave the inbox, so WaitIdle never
+      // sees them in neither place.
+      if (!arrived.empty()) busy_ = true;
     }
     for (Pending& p : arrived) {
       scheduler_->Add(std::move(p.request), std::move(p.channel), p.arrival);

@@ -117,6 +117,9 @@ TEST_F(EngineLoopTest, CancelledStreamIsReleased) {
   ASSERT_EQ(r.outcome, SubmitOutcome::kAccepted);
   std::vector<RequestEvent> events;
   while (events.empty()) r.channel->Pop(&events, std::chrono::milliseconds(100));
+  // The first token is out and 199 are to come: not idle (a shutdown drain
+  // that believed otherwise would cancel a running request).
+  EXPECT_FALSE(loop->WaitIdle(std::chrono::milliseconds(0)));
   loop->Cancel(r.channel);
   EXPECT_EQ(WaitFinal(*r.channel).second.finish_reason, "cancelled");
   EXPECT_TRUE(loop->WaitIdle(std::chrono::seconds(10)));

@@ -92,10 +92,9 @@ StatusOr<codec::IntFormat> ParseIntName(const std::string& name, const std::stri
 
 StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& spelled, int64_t head_dim,
                                                 CodecPath path) {
-  if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > kMaxCodecHeadDim) {
+  if (head_dim <= 0 || head_dim > kMaxCodecHeadDim) {
     return Status::Error("KV cache type '" + spelled + "': head_dim " + std::to_string(head_dim) +
-                         " is not supported (codecs need a positive multiple of 16, at most " +
-                         std::to_string(kMaxCodecHeadDim) + ")");
+                         " is not supported (1 to " + std::to_string(kMaxCodecHeadDim) + ")");
   }
   std::string name = spelled;
   for (const Alias& a : kAliases) {

@@ -41,8 +41,10 @@
 //              (high nibble); int2 8 bytes, byte j = elements j, j+8, j+16,
 //              j+24 in bits 0-1, 2-3, 4-5, 6-7. This lets a SIMD register of
 //              up to 16 (int4) or 8 (int2) lanes decode from one load.
-// Every codec requires head_dim to be a positive multiple of 16 (and of the
-// group size for integer codecs), at most kMaxCodecHeadDim.
+// head_dim may be 1 to kMaxCodecHeadDim; integer codecs need it to be a
+// multiple of their group size. The float codecs' SIMD kernels need a
+// multiple of 16 (every common head_dim: 64, 80, 96, 128, 256); other sizes
+// (toy test models) run the scalar reference kernels.
 #pragma once
 
 #include <cstddef>

@@ -36,11 +36,18 @@ using VI = hn::Vec<DI>;
 #define KVQ_CODEC_HAVE_F16C 0
 #endif
 
+// Float formats have no per-group parameters: one "group" spans the row.
+#define KVQ_NO_GROUP_PARAMS                       \
+  static constexpr bool kHasParams = false;       \
+  int64_t ParamGroup() const { return head_dim; } \
+  ScaleOffset Params(const uint8_t* /*row*/, int64_t /*g*/) const { return {}; }
+
 struct F32Fmt {
   using D = DF;
   int64_t head_dim;
   size_t row_bytes;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
   }
 };
@@ -49,7 +56,8 @@ struct F16Fmt {
   using D = DF;
   int64_t head_dim;
   size_t row_bytes;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const auto* h = reinterpret_cast<const hwy::float16_t*>(row) + i;
 #if KVQ_CODEC_HAVE_F16C
     return hn::PromoteTo(d, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), h));
@@ -69,7 +77,8 @@ struct BF16Fmt {
   using D = DF;
   int64_t head_dim;
   size_t row_bytes;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const hn::Rebind<uint16_t, D> du16;
     const VI bits = hn::BitCast(
         DI(), hn::PromoteTo(hn::RebindToUnsigned<D>(),
@@ -90,14 +99,23 @@ struct Fp8Fmt {
   size_t row_bytes;
   float scale;
   int32_t max_code;
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i) const {
+  KVQ_NO_GROUP_PARAMS
+  static float Rebias() { return BitsToFloat(static_cast<uint32_t>(254 - kBias) << 23); }
+  // One multiply by Rebias() * scale rounds the same exact product
+  // (value * scale) once, like the two multiplies, whenever that constant is
+  // itself exact: scale * 2^(127 - bias) finite (scale >= FLT_MIN always).
+  bool SingleMultiply() const { return scale < std::numeric_limits<float>::max() / Rebias(); }
+  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
     const DI di;
-    const VI code = hn::PromoteTo(di, hn::LoadU(hn::Rebind<uint8_t, D>(), row + i));
+    // Sign-extended: bit 31 is the fp8 sign, bits 0-6 the magnitude.
+    const VI code = hn::PromoteTo(
+        di, hn::LoadU(hn::Rebind<int8_t, D>(), reinterpret_cast<const int8_t*>(row) + i));
     const VI magnitude = hn::And(code, hn::Set(di, 0x7F));
-    const VI sign = hn::ShiftLeft<24>(hn::And(code, hn::Set(di, 0x80)));
+    const VI sign = hn::And(code, hn::Set(di, static_cast<int32_t>(0x80000000u)));
     const VF raw = hn::BitCast(d, hn::Or(sign, hn::ShiftLeft<23 - kMantissa>(magnitude)));
-    const VF rebias = hn::Set(d, BitsToFloat(static_cast<uint32_t>(254 - kBias) << 23));
-    const VF value = hn::Mul(hn::Mul(raw, rebias), hn::Set(d, scale));
+    const VF value = SingleMultiply()
+                         ? hn::Mul(raw, hn::Set(d, Rebias() * scale))
+                         : hn::Mul(hn::Mul(raw, hn::Set(d, Rebias())), hn::Set(d, scale));
     return hn::IfThenElse(hn::RebindMask(d, hn::Gt(magnitude, hn::Set(di, max_code))),
                           hn::Set(d, std::numeric_limits<float>::quiet_NaN()), value);
   }
@@ -260,6 +278,7 @@ uint8_t Fp8EncodeRef(float y, const Fp8Format& f) {
   if (std::isnan(y)) return sign | f.nan_code;
   const double a = std::fabs(static_cast<double>(y));
   if (a >= f.max_finite) return sign | f.max_code;
+  if (a == 0.0) return sign;
   const int min_exponent = 1 - f.bias;
   int frexp_exponent = 0;
   std::frexp(a, &frexp_exponent);  // a = m * 2^frexp_exponent, m in [0.5, 1)
@@ -298,8 +317,10 @@ namespace {
 
 class FloatCodec final : public KvCodec {
  public:
+  // The SIMD kernels step 16 values at a time; other head_dims (toy test
+  // models) run the scalar twins.
   FloatCodec(FloatKind kind, int64_t head_dim, CodecPath path)
-      : KvCodec(head_dim), kind_(kind), path_(path) {}
+      : KvCodec(head_dim), kind_(kind), path_(head_dim % 16 == 0 ? path : CodecPath::kReference) {}
 
   std::string Name() const override {
     switch (kind_) {

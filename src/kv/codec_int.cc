@@ -46,13 +46,19 @@ struct IntFmt {
   int64_t code_bytes;
   int64_t groups;
 
-  HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i) const {
-    const hn::RebindToSigned<D> di;
-    const hn::Rebind<uint8_t, D> du8;
-    const int64_t g = i >> group_shift;
+  static constexpr bool kHasParams = true;
+  int64_t ParamGroup() const { return int64_t{1} << group_shift; }
+  HWY_INLINE ScaleOffset Params(const uint8_t* row, int64_t g) const {
     const float scale = HalfToF32(row + code_bytes + 2 * g);
     const float offset = kSymmetric ? -static_cast<float>(1 << (kBits - 1)) * scale
                                     : HalfToF32(row + code_bytes + 2 * (groups + g));
+    return {scale, offset};
+  }
+
+  HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i, hn::Vec<D> scale,
+                             hn::Vec<D> offset) const {
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<uint8_t, D> du8;
     hn::Vec<decltype(di)> u;
     if constexpr (kBits == 8) {
       u = hn::PromoteTo(di, hn::LoadU(du8, row + i));
@@ -65,7 +71,7 @@ struct IntFmt {
       const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 8 + (within & 7)));
       u = hn::And(hn::ShiftRightSame(raw, static_cast<int>(2 * (within >> 3))), hn::Set(di, 3));
     }
-    return hn::MulAdd(hn::ConvertTo(d, u), hn::Set(d, scale), hn::Set(d, offset));
+    return hn::MulAdd(hn::ConvertTo(d, u), scale, offset);
   }
 };
 

@@ -4,12 +4,18 @@
 //
 // A format provides, per target:
 //   using D = a float descriptor of at most 16 lanes (head_dim % Lanes == 0);
+//   static constexpr bool kHasParams: rows carry per-group (scale, offset);
 //   int64_t head_dim; size_t row_bytes;
-//   Vec<D> Load(D, const uint8_t* row, int64_t i): values [i, i + Lanes) of
-//     one row decoded to f32, exactly (i a multiple of Lanes).
+//   int64_t ParamGroup(): values sharing one (scale, offset) (head_dim if none);
+//   GroupParams Params(const uint8_t* row, int64_t g): group g's scale and offset;
+//   Vec<D> Load(D, const uint8_t* row, int64_t i, Vec<D> scale, Vec<D> offset):
+//     values [i, i + Lanes) of one row decoded to f32, exactly (i a multiple
+//     of Lanes; scale/offset the broadcast Params of i's group).
+// Group parameters are converted once per group and row, not per vector.
 // The kernels decode each vector of a row once and use it for up to
 // kMaxHeadsPerPass query heads held in registers; larger GQA groups take
-// several passes (the row is then in L1).
+// several passes (the row is then in L1). 8 covers the common GQA ratios
+// (4 for Llama-3-8B and Mistral, 7 for Qwen2.5, 8 for Llama-3-70B).
 
 #if defined(KVQ_KV_CODEC_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVQ_KV_CODEC_KERNELS_INL_H_
@@ -28,10 +34,16 @@ namespace kvq::codec {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-inline constexpr int64_t kMaxHeadsPerPass = 4;
+inline constexpr int64_t kMaxHeadsPerPass = 8;
 // Rows per AccumulateV pass: one pass walks every vector column of these rows
 // (they stay in L1) while the accumulators stay in registers.
 inline constexpr int64_t kAccumulateRowBlock = 32;
+// Most parameter groups a row can have (head_dim <= 1024, groups >= 32 values).
+inline constexpr int64_t kMaxParamGroups = kMaxCodecHeadDim / 32;
+
+struct ScaleOffset {
+  float scale, offset;
+};
 
 template <class Fmt>
 HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
@@ -39,37 +51,116 @@ HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int
   using D = typename Fmt::D;
   const D d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t group = fmt.ParamGroup();
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = rows + t * static_cast<int64_t>(fmt.row_bytes);
-    for (int64_t i = 0; i < fmt.head_dim; i += lanes) {
-      hn::StoreU(fmt.Load(d, row, i), d, x + t * fmt.head_dim + i);
+    for (int64_t g = 0; g * group < fmt.head_dim; ++g) {
+      const ScaleOffset so = fmt.Params(row, g);
+      const auto vs = hn::Set(d, so.scale), vo = hn::Set(d, so.offset);
+      for (int64_t i = g * group; i < (g + 1) * group; i += lanes) {
+        hn::StoreU(fmt.Load(d, row, i, vs, vo), d, x + t * fmt.head_dim + i);
+      }
     }
   }
 }
 
-// q: [kHeads, head_dim]; scores[h * stride + t].
-template <int64_t kHeads, class Fmt>
-HWY_NOINLINE void ScoresPass(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
-                             const float* HWY_RESTRICT q, float scale, float* HWY_RESTRICT scores,
-                             int64_t stride) {
+#if HWY_TARGET == HWY_SCALAR
+template <class D>
+HWY_INLINE void SumOf4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e,
+                       float* HWY_RESTRICT out) {
+  out[0] = hn::GetLane(a);
+  out[1] = hn::GetLane(b);
+  out[2] = hn::GetLane(c);
+  out[3] = hn::GetLane(e);
+}
+#else
+// Adds the halves of v until one 128-bit block is left, then stores it.
+template <class D>
+HWY_INLINE void FoldAndStore(D d, hn::Vec<D> v, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    FoldAndStore(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
+  }
+}
+
+// out[0..3] = the lane sums of a, b, c, e (vectors of at least 4 lanes).
+// Four vectors reduce together in ~10 shuffles and adds instead of four
+// separate reductions of ~8 each: interleaving pairs within each 128-bit
+// block leaves [a, b, c, e] partial sums in every block; blocks then fold.
+template <class D>
+HWY_INLINE void SumOf4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e,
+                       float* HWY_RESTRICT out) {
+  static_assert(hn::MaxLanes(D()) >= 4, "SumOf4 needs whole 128-bit blocks");
+  const hn::Repartition<uint64_t, D> d64;
+  const auto ab =
+      hn::BitCast(d64, hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b)));
+  const auto ce =
+      hn::BitCast(d64, hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e)));
+  FoldAndStore(d,
+               hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab, ce)),
+                       hn::BitCast(d, hn::InterleaveUpper(d64, ab, ce))),
+               out);
+}
+#endif
+
+// Scores of kRows consecutive rows starting at `row` (the t-th of the tile)
+// for kHeads heads: each q vector is loaded once for all kRows rows.
+template <int64_t kHeads, int64_t kRows, class Fmt>
+HWY_INLINE void ScoresRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT row, int64_t t,
+                           const float* HWY_RESTRICT q, float scale, float* HWY_RESTRICT scores,
+                           int64_t stride) {
   using D = typename Fmt::D;
   using V = hn::Vec<D>;
   const D d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dim = fmt.head_dim;
-  for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = rows + t * static_cast<int64_t>(fmt.row_bytes);
-    V acc[kHeads];
-    for (int64_t h = 0; h < kHeads; ++h) acc[h] = hn::Zero(d);
-    for (int64_t i = 0; i < dim; i += lanes) {
-      const V x = fmt.Load(d, row, i);
-      for (int64_t h = 0; h < kHeads; ++h)
-        acc[h] = hn::MulAdd(hn::LoadU(d, q + h * dim + i), x, acc[h]);
+  const int64_t row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  constexpr int64_t kPadded = (kHeads + 3) / 4 * 4;
+  V acc[kRows][kPadded];
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t h = 0; h < kPadded; ++h) acc[r][h] = hn::Zero(d);
+  }
+  const int64_t group = fmt.ParamGroup();
+  for (int64_t g = 0; g * group < dim; ++g) {
+    V vs[kRows], vo[kRows];
+    for (int64_t r = 0; r < kRows; ++r) {
+      const ScaleOffset so = fmt.Params(row + r * row_bytes, g);
+      vs[r] = hn::Set(d, so.scale);
+      vo[r] = hn::Set(d, so.offset);
     }
-    for (int64_t h = 0; h < kHeads; ++h) {
-      scores[h * stride + t] = scale * hn::GetLane(hn::SumOfLanes(d, acc[h]));
+    for (int64_t i = g * group; i < (g + 1) * group; i += lanes) {
+      V x[kRows];
+      for (int64_t r = 0; r < kRows; ++r) x[r] = fmt.Load(d, row + r * row_bytes, i, vs[r], vo[r]);
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const V qv = hn::LoadU(d, q + h * dim + i);
+        for (int64_t r = 0; r < kRows; ++r) acc[r][h] = hn::MulAdd(qv, x[r], acc[r][h]);
+      }
     }
   }
+  for (int64_t r = 0; r < kRows; ++r) {
+    float sums[kPadded];
+    for (int64_t h = 0; h < kPadded; h += 4) {
+      SumOf4(d, acc[r][h], acc[r][h + 1], acc[r][h + 2], acc[r][h + 3], sums + h);
+    }
+    for (int64_t h = 0; h < kHeads; ++h) scores[h * stride + t + r] = scale * sums[h];
+  }
+}
+
+// q: [kHeads, head_dim]; scores[h * stride + t]. Two rows at a time while
+// their accumulators fit the register file (up to 4 heads), else one.
+template <int64_t kHeads, class Fmt>
+HWY_NOINLINE void ScoresPass(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
+                             const float* HWY_RESTRICT q, float scale, float* HWY_RESTRICT scores,
+                             int64_t stride) {
+  constexpr int64_t kRows = kHeads <= 4 ? 2 : 1;
+  const int64_t row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  int64_t t = 0;
+  for (; t + kRows <= n; t += kRows) {
+    ScoresRows<kHeads, kRows>(fmt, rows + t * row_bytes, t, q, scale, scores, stride);
+  }
+  for (; t < n; ++t) ScoresRows<kHeads, 1>(fmt, rows + t * row_bytes, t, q, scale, scores, stride);
 }
 
 // p: p[h * stride + t]; acc: [kHeads, head_dim].
@@ -83,13 +174,34 @@ HWY_NOINLINE void AccumulatePass(const Fmt& fmt, const uint8_t* HWY_RESTRICT row
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t dim = fmt.head_dim;
   const int64_t row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  const int64_t group = fmt.ParamGroup();
+  const int64_t groups = dim / group;
+  // Parameters of every (row, group) of the block, converted once: the loop
+  // below visits each row once per vector column.
+  float scales[Fmt::kHasParams ? kAccumulateRowBlock * kMaxParamGroups : 1];   // [rows, groups]
+  float offsets[Fmt::kHasParams ? kAccumulateRowBlock * kMaxParamGroups : 1];  // [rows, groups]
   for (int64_t t0 = 0; t0 < n; t0 += kAccumulateRowBlock) {
     const int64_t t1 = std::min(n, t0 + kAccumulateRowBlock);
+    if constexpr (Fmt::kHasParams) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const ScaleOffset so = fmt.Params(rows + t * row_bytes, g);
+          scales[(t - t0) * groups + g] = so.scale;
+          offsets[(t - t0) * groups + g] = so.offset;
+        }
+      }
+    }
     for (int64_t i = 0; i < dim; i += lanes) {
       V a[kHeads];
       for (int64_t h = 0; h < kHeads; ++h) a[h] = hn::LoadU(d, acc + h * dim + i);
+      const int64_t g = i / group;
       for (int64_t t = t0; t < t1; ++t) {
-        const V x = fmt.Load(d, rows + t * row_bytes, i);
+        V vs = hn::Zero(d), vo = hn::Zero(d);
+        if constexpr (Fmt::kHasParams) {
+          vs = hn::Set(d, scales[(t - t0) * groups + g]);
+          vo = hn::Set(d, offsets[(t - t0) * groups + g]);
+        }
+        const V x = fmt.Load(d, rows + t * row_bytes, i, vs, vo);
         for (int64_t h = 0; h < kHeads; ++h)
           a[h] = hn::MulAdd(hn::Set(d, p[h * stride + t]), x, a[h]);
       }
@@ -114,8 +226,20 @@ HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const flo
       case 3:
         ScoresPass<3>(fmt, rows, n, qh, scale, sh, stride);
         break;
-      default:
+      case 4:
         ScoresPass<4>(fmt, rows, n, qh, scale, sh, stride);
+        break;
+      case 5:
+        ScoresPass<5>(fmt, rows, n, qh, scale, sh, stride);
+        break;
+      case 6:
+        ScoresPass<6>(fmt, rows, n, qh, scale, sh, stride);
+        break;
+      case 7:
+        ScoresPass<7>(fmt, rows, n, qh, scale, sh, stride);
+        break;
+      default:
+        ScoresPass<8>(fmt, rows, n, qh, scale, sh, stride);
         break;
     }
   }
@@ -137,8 +261,20 @@ HWY_INLINE void AccumulateV(const Fmt& fmt, const uint8_t* rows, int64_t n, cons
       case 3:
         AccumulatePass<3>(fmt, rows, n, ph, stride, ah);
         break;
-      default:
+      case 4:
         AccumulatePass<4>(fmt, rows, n, ph, stride, ah);
+        break;
+      case 5:
+        AccumulatePass<5>(fmt, rows, n, ph, stride, ah);
+        break;
+      case 6:
+        AccumulatePass<6>(fmt, rows, n, ph, stride, ah);
+        break;
+      case 7:
+        AccumulatePass<7>(fmt, rows, n, ph, stride, ah);
+        break;
+      default:
+        AccumulatePass<8>(fmt, rows, n, ph, stride, ah);
         break;
     }
   }

@@ -26,6 +26,7 @@ struct KvUsage {
   int64_t blocks_total = 0;  // 0 for caches that are not paged
   int64_t blocks_used = 0;   // blocks with a reference count above zero
   size_t block_bytes = 0;
+  int64_t block_tokens = 0;   // tokens one block holds (every layer, K and V)
   size_t bytes_used = 0;      // == BytesUsed(): used blocks + side data
   size_t bytes_reserved = 0;  // the whole budget (arena + side data); 0 = grows on demand
   int64_t sequences = 0;

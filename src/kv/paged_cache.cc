@@ -39,9 +39,8 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options,
 StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shape,
                                                              const KvCacheOptions& options) {
   KVQ_ASSIGN_OR_RETURN(KvLayout layout, ComputeKvLayout(shape, options));
-  if (options.rotate && (shape.head_dim & (shape.head_dim - 1)) != 0) {
-    return Status::Error("--kv-rotate needs a power-of-two head_dim, got " +
-                         std::to_string(shape.head_dim));
+  if (options.rotate) {
+    KVQ_RETURN_IF_ERROR(CheckHadamardDim(shape.head_dim).WithContext("--kv-rotate"));
   }
   auto cache = std::unique_ptr<PagedKvCache>(new PagedKvCache(shape, options, layout));
   const int64_t instances = shape.num_layers * shape.num_kv_heads;
@@ -177,7 +176,10 @@ void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t sta
   std::vector<float> rotated;  // [n, kv_heads, dim]
   if (options_.rotate) {
     rotated.assign(x, x + n * kv_heads * dim);
-    HadamardRotate(rotated.data(), n * kv_heads, dim);
+    // Create checked the dimension, the only way rotation can fail.
+    const Status rotated_ok = HadamardRotate(rotated.data(), n * kv_heads, dim);
+    assert(rotated_ok.ok());
+    (void)rotated_ok;
     x = rotated.data();
   }
   std::vector<float> head_rows(static_cast<size_t>(n * dim));  // [n, dim] of one KV head
@@ -247,9 +249,12 @@ void PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q, f
   // H orthogonal: (Hq)·(Hk) = q·k, and sum p (Hv) = H (sum p v), so the output
   // is unrotated once at the end.
   std::vector<float> q_rotated(q, q + q_count);  // [n, num_heads, head_dim]
-  HadamardRotate(q_rotated.data(), n * shape_.num_heads, shape_.head_dim);
+  // Create checked the dimension, the only way rotation can fail.
+  Status rotated_ok = HadamardRotate(q_rotated.data(), n * shape_.num_heads, shape_.head_dim);
   AttendTiles(*s, layer, n, q_rotated.data(), scale, out);
-  HadamardUnrotate(out, n * shape_.num_heads, shape_.head_dim);
+  rotated_ok = HadamardUnrotate(out, n * shape_.num_heads, shape_.head_dim);
+  assert(rotated_ok.ok());
+  (void)rotated_ok;
 }
 
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,
@@ -378,6 +383,7 @@ KvUsage PagedKvCache::Usage() const {
   usage.blocks_total = allocator_->NumBlocks();
   usage.blocks_used = allocator_->NumUsed();
   usage.block_bytes = layout_.block_bytes;
+  usage.block_tokens = layout_.block_tokens;
   usage.bytes_used = BytesUsed();
   usage.bytes_reserved =
       static_cast<size_t>(allocator_->NumBlocks()) * layout_.block_bytes + layout_.side_bytes;

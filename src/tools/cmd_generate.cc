@@ -5,6 +5,7 @@
 #include "base/threads.h"
 #include "engine/generate.h"
 #include "engine/loaded_model.h"
+#include "engine/planner.h"
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
@@ -46,6 +47,12 @@ int RunGenerate(const GenerateFlags& flags) {
     return 1;
   }
   std::unique_ptr<KvCache> cache = std::move(made).value();
+  // What the planner predicts for this cache (kvq plan shows the details).
+  auto kv_plan = PlanKvType(loaded->transformer->kv_shape(), *kv_options);
+  if (!kv_plan.ok()) {
+    std::fprintf(stderr, "kvq generate: %s\n", kv_plan.status().message().c_str());
+    return 1;
+  }
 
   GenerateOptions options;
   options.max_new_tokens = flags.max_new_tokens;
@@ -71,22 +78,28 @@ int RunGenerate(const GenerateFlags& flags) {
   // final byte count comes from its stats).
   const KvUsage usage = cache->Usage();
   const double bytes_per_token = stats.weight_bytes_per_token + stats.kv_bytes_per_token;
-  std::fprintf(stderr,
-               "\nkvq generate: %s, %d threads, KV cache %s\n"
-               "  prefill: %lld tokens in %.3f s (%.1f tokens/s)\n"
-               "  decode:  %lld tokens in %.3f s (%.1f tokens/s), stop: %s\n"
-               "  bytes read per decoded token: %.2f MB (weights %.2f MB + KV %.3f MB)"
-               " -> %.2f GB/s\n"
-               "  KV cache at end: %.3f MB (%lld of %lld blocks of %zu bytes); peak RSS: %.1f MB\n",
-               loaded->path.c_str(), threads, cache->TypeName(),
-               static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds,
-               stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
-               static_cast<long long>(stats.generated_tokens), stats.decode_seconds, decode_tps,
-               stats.stop_reason.c_str(), bytes_per_token / 1e6, stats.weight_bytes_per_token / 1e6,
-               stats.kv_bytes_per_token / 1e6, bytes_per_token * decode_tps / 1e9,
-               stats.kv_bytes_final / 1e6, static_cast<long long>(usage.blocks_used),
-               static_cast<long long>(usage.blocks_total), usage.block_bytes,
-               stats.peak_rss_bytes / 1e6);
+  std::fprintf(
+      stderr,
+      "\nkvq generate: %s, %d threads, KV cache %s\n"
+      "  prefill: %lld tokens in %.3f s (%.1f tokens/s)\n"
+      "  decode:  %lld tokens in %.3f s (%.1f tokens/s), stop: %s\n"
+      "  bytes read per decoded token: %.2f MB (weights %.2f MB + KV %.3f MB)"
+      " -> %.2f GB/s\n"
+      "  KV cache at end: %.3f MB (%lld of %lld blocks of %zu bytes = %lld tokens each,"
+      " %.1f bytes/token); peak RSS: %.1f MB\n",
+      loaded->path.c_str(), threads, cache->TypeName(), static_cast<long long>(stats.prompt_tokens),
+      stats.prefill_seconds,
+      stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
+      static_cast<long long>(stats.generated_tokens), stats.decode_seconds, decode_tps,
+      stats.stop_reason.c_str(), bytes_per_token / 1e6, stats.weight_bytes_per_token / 1e6,
+      stats.kv_bytes_per_token / 1e6, bytes_per_token * decode_tps / 1e9,
+      stats.kv_bytes_final / 1e6, static_cast<long long>(usage.blocks_used),
+      static_cast<long long>(usage.blocks_total), usage.block_bytes,
+      static_cast<long long>(usage.block_tokens),
+      usage.block_tokens > 0 ? static_cast<double>(usage.block_bytes) / usage.block_tokens : 0.0,
+      stats.peak_rss_bytes / 1e6);
+  std::fprintf(stderr, "  KV plan (kvq plan): %.1f bytes/token exact, nominal %.1f\n",
+               kv_plan->layout.BytesPerToken(), kv_plan->nominal_bytes_per_token);
   return 0;
 }
 

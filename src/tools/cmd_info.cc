@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/planner.h"
 #include "io/gguf.h"
 #include "model/model_files.h"
 #include "model/tokenizer_spec.h"
@@ -55,7 +56,7 @@ Status InfoVocabOnly(const std::string& path) {
   return Status::Ok();
 }
 
-Status RunInfo(const std::string& path) {
+Status RunInfo(const std::string& path, const std::string& kv_type) {
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
     KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
     if (gguf->tensors().empty()) return InfoVocabOnly(path);
@@ -117,6 +118,19 @@ Status RunInfo(const std::string& path) {
     std::printf("; %lld tokens: %s", (long long)ctx, Bytes(static_cast<double>(kv) * ctx).c_str());
   }
   std::printf("\n");
+  {
+    KvCacheOptions kv;
+    kv.k_type = kv.v_type = kv_type;
+    kv.max_tokens = c.max_position_embeddings;
+    KVQ_ASSIGN_OR_RETURN(KvTypePlan plan,
+                         PlanKvType({c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim}, kv));
+    std::printf(
+        "KV plan %s:  %.1f bytes/token exact (nominal %.1f; K %g + V %g per layer), "
+        "%zu-byte blocks of %lld tokens\n",
+        kv_type.c_str(), plan.layout.BytesPerToken(), plan.nominal_bytes_per_token,
+        plan.k_bytes_per_token_layer, plan.v_bytes_per_token_layer, plan.layout.block_bytes,
+        (long long)plan.layout.block_tokens);
+  }
   PrintTokenizer(m.tokenizer);
   return Status::Ok();
 }
@@ -125,11 +139,14 @@ Status RunInfo(const std::string& path) {
 
 void RegisterInfoCommand(CLI::App& app, CommandContext& ctx) {
   auto path = std::make_shared<std::string>();
+  auto kv_type = std::make_shared<std::string>("f16");
   CLI::App* cmd = app.add_subcommand(
       "info", "Show a model's architecture, shapes, dtypes, parameter count and KV bytes/token");
   cmd->add_option("model", *path, "A .gguf file or a Hugging Face folder")->required();
-  cmd->callback([&ctx, path] {
-    Status st = RunInfo(*path);
+  cmd->add_option("--kv-cache-dtype", *kv_type,
+                  "Cache type the KV plan line is computed for (default f16; see kvq plan)");
+  cmd->callback([&ctx, path, kv_type] {
+    Status st = RunInfo(*path, *kv_type);
     if (!st.ok()) {
       std::fprintf(stderr, "kvq info: %s\n", st.message().c_str());
       ctx.exit_code = 1;

@@ -16,6 +16,8 @@ void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);
 void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx);
 void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
+void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx);
+void RegisterPlanCommand(CLI::App& app, CommandContext& ctx);
 void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   kvq::RegisterSynthCommand(app, ctx);
   kvq::RegisterGenerateCommand(app, ctx);
   kvq::RegisterBenchCommand(app, ctx);
+  kvq::RegisterPerplexityCommand(app, ctx);
+  kvq::RegisterPlanCommand(app, ctx);
   kvq::RegisterServeCommand(app, ctx);
   CLI11_PARSE(app, argc, argv);
   return ctx.exit_code;

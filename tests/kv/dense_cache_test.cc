@@ -92,6 +92,36 @@ TEST(DenseKvCache, RejectsOverflowAndUnknownSequences) {
   EXPECT_EQ(cache->BytesUsed(), 0u);
 }
 
+// The dense cache has no blocks to share: Fork is a deep copy, Truncate
+// shrinks the arrays; attention after either sees exactly the kept rows.
+TEST(DenseKvCache, ForkCopiesAndTruncateKeepsAPrefix) {
+  std::mt19937 rng(4);
+  const KvShape shape{1, 4, 2, 16};
+  auto cache = MakeDenseKvCache(shape, DenseKvType::kF32, 64);
+  ASSERT_TRUE(cache->AddSequence(0).ok());
+  auto k = RandomVector(10 * 2 * 16, rng), v = RandomVector(10 * 2 * 16, rng);
+  ASSERT_TRUE(cache->Append(0, 0, 10, k.data(), k.data(), v.data()).ok());
+  ASSERT_TRUE(cache->Fork(0, 1).ok());
+  EXPECT_FALSE(cache->Fork(0, 1).ok());
+  EXPECT_FALSE(cache->Fork(7, 8).ok());
+  EXPECT_EQ(cache->BytesUsed(), 2u * 2 * 10 * 2 * 16 * sizeof(float));
+  EXPECT_EQ(cache->Usage().sequences, 2);
+  EXPECT_FALSE(cache->Truncate(0, 11).ok());
+  ASSERT_TRUE(cache->Truncate(0, 6).ok());
+  EXPECT_EQ(cache->Length(0, 0), 6);
+  EXPECT_EQ(cache->Length(1, 0), 10);
+  const auto q = RandomVector(4 * 16, rng);
+  std::vector<float> out(q.size()), expected(q.size());
+  const float scale = 0.25f;
+  for (SeqId seq : {0, 1}) {
+    const int64_t total = cache->Length(seq, 0);
+    cache->Attend(seq, 0, 1, q.data(), scale, out.data());
+    AttentionRef(q.data(), k.data(), v.data(), 1, total, 4, 2, 16, scale, expected.data());
+    // Same f32 values, different summation order: see the bound above.
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-4);
+  }
+}
+
 TEST(DenseKvCache, ParsesTypeNames) {
   EXPECT_TRUE(ParseDenseKvType("f16").ok());
   auto bad = ParseDenseKvType("int3");

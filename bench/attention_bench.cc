@@ -1,0 +1,145 @@
+// Decode attention of one layer over the paged, encoded cache, per codec and
+// context, in GB/s of cache bytes read, next to a read-bandwidth probe.
+//
+// Shape: Qwen2.5-0.5B (14 query heads, 2 KV heads, head_dim 64). Decode
+// attention is memory-bound, so what matters is the fraction of the probe's
+// bandwidth it reaches. Each iteration attends one query token over the next
+// layer of a cache that holds >= 512 MiB in total (more than this machine's
+// 260 MiB L3), so reads come from DRAM as in a real decode step across
+// layers; then the probe sums the same number of bytes from its own rotating
+// buffer with the same threads. Interleaving makes both see the same machine
+// load: vs_probe = GB/s(attention) / GB/s(probe).
+//
+//   build/bin/attention_bench --benchmark_min_time=0.2
+//   build/bin/attention_bench --benchmark_filter='f16|int4'
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/kv_factory.h"
+
+namespace kvq {
+namespace {
+
+constexpr int64_t kHeads = 14, kKvHeads = 2, kHeadDim = 64;
+constexpr int64_t kRotateBytes = int64_t{512} << 20;
+
+uint64_t SumWords(const uint64_t* p, int64_t words, int threads) {
+  uint64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static) if (threads > 1)
+  for (int64_t i = 0; i < words; ++i) total += p[i];
+  return total;
+}
+
+double ProbeReadGBs(int threads) {
+  const int64_t words = int64_t{64} << 20;  // 512 MiB
+  std::vector<uint64_t> a(static_cast<size_t>(words), 1);
+  double best = 0.0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(SumWords(a.data(), words, threads));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(words) * 8 / s / 1e9);
+  }
+  return best;
+}
+
+void BM_DecodeAttention(benchmark::State& state, std::string codec) {
+  const int64_t context = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  KvCacheOptions options;
+  options.k_type = options.v_type = codec;
+  options.max_tokens = context;
+  options.num_threads = threads;
+  KvShape shape{1, kHeads, kKvHeads, kHeadDim};
+  auto one_layer = ComputeKvLayout(shape, options);
+  if (!one_layer.ok()) {
+    state.SkipWithError(one_layer.status().message().c_str());
+    return;
+  }
+  // Bytes one decode step of one layer reads: every stored row, K and V.
+  const int64_t bytes =
+      context * kKvHeads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
+  shape.num_layers = std::clamp<int64_t>((kRotateBytes + bytes - 1) / bytes, 1, 4096);
+  auto made = MakeKvCache(shape, options);
+  if (!made.ok()) {
+    state.SkipWithError(made.status().message().c_str());
+    return;
+  }
+  KvCache& cache = **made;
+  if (!cache.AddSequence(0).ok()) return;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t chunk = 512;
+  std::vector<float> kv(static_cast<size_t>(chunk * kKvHeads * kHeadDim));  // [chunk, kv, dim]
+  for (float& x : kv) x = normal(rng);
+  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+    for (int64_t filled = 0; filled < context; filled += chunk) {
+      const int64_t n = std::min(chunk, context - filled);
+      Status s = cache.Append(0, layer, n, kv.data(), kv.data(), kv.data());
+      if (!s.ok()) {
+        state.SkipWithError(s.message().c_str());
+        return;
+      }
+    }
+  }
+  std::vector<float> q(static_cast<size_t>(kHeads * kHeadDim)), out(q.size());  // [heads, dim]
+  for (float& x : q) x = normal(rng);
+  const float scale = 0.125f;
+  const int64_t probe_words = std::max(kRotateBytes, 2 * bytes) / 8;
+  std::vector<uint64_t> probe(static_cast<size_t>(probe_words), 1);
+  const int64_t window = (bytes + 7) / 8;
+  int64_t layer = 0, offset = 0;
+  double probe_seconds = 0.0, attend_seconds = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cache.Attend(0, layer, 1, q.data(), scale, out.data());
+    benchmark::DoNotOptimize(out.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    layer = (layer + 1) % shape.num_layers;
+    if (offset + window > probe_words) offset = 0;
+    benchmark::DoNotOptimize(SumWords(probe.data() + offset, window, threads));
+    offset += window;
+    const auto t2 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    attend_seconds += std::chrono::duration<double>(t1 - t0).count();
+    probe_seconds += std::chrono::duration<double>(t2 - t1).count();
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  const double total = static_cast<double>(state.iterations()) * static_cast<double>(bytes);
+  state.counters["cache_MB"] = static_cast<double>(bytes) / 1e6;
+  state.counters["GBps"] = total / 1e9 / attend_seconds;
+  state.counters["probe_GBps"] = total / 1e9 / probe_seconds;
+  state.counters["vs_probe"] = probe_seconds / attend_seconds;
+}
+
+void RegisterAll() {
+  for (const char* codec : {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2"}) {
+    const std::string name = std::string("DecodeAttention/") + codec;
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
+    b->ArgNames({"ctx", "threads"})->UseManualTime();
+    for (int threads : {1, 2}) {
+      for (int64_t context : {1024, 4096, 16384, 32768}) b->Args({context, threads});
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvq
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  std::printf(
+      "read-bandwidth probe (best of 5, 512 MiB sum): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
+      kvq::ProbeReadGBs(1), kvq::ProbeReadGBs(2));
+  kvq::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

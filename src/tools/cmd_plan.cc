@@ -1,0 +1,296 @@
+// kvq plan: KV-cache and weight memory for a model (file, folder or preset),
+// exact per cache type next to the nominal figure, and whether batch x
+// context fits a memory budget.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/default_model.h"
+#include "engine/planner.h"
+#include "model/model_presets.h"
+#include "tools/commands.h"
+#include "tools/kv_flags.h"
+
+namespace kvq {
+namespace {
+
+struct PlanFlags {
+  std::string model;
+  int64_t context = 0;
+  int64_t batch = 1;
+  std::string memory;
+  std::string weights_dtype = "f16";
+  std::vector<std::string> types;
+  bool json = false;
+  bool list_presets = false;
+  KvFlags kv;
+};
+
+// Decimal bytes in the largest unit that keeps a leading digit: "1.07 GB".
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 4) {
+    bytes /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+// Table cells in the table's unit (GB, or MB for small models).
+std::string Cell(double bytes, double unit) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", bytes / unit);
+  return buf;
+}
+
+std::string ContextLabel(int64_t c) {
+  return c % 1024 == 0 ? std::to_string(c / 1024) + "K" : std::to_string(c);
+}
+
+struct Row {
+  std::string label;
+  StatusOr<KvTypePlan> plan;
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvq plan: %s\n", message.c_str());
+  return 1;
+}
+
+int RunPlan(const PlanFlags& flags) {
+  if (flags.list_presets) {
+    for (const ModelPreset& p : ModelPresets()) {
+      std::printf("%-14s %s\n", p.name, p.source);
+    }
+    return 0;
+  }
+  const std::string target = flags.model.empty() ? DefaultModelPath() : flags.model;
+  if (target.empty()) return Fail("no model given and the default model was not found; pass -m");
+  auto model = LoadPlanModel(target);
+  if (!model.ok()) return Fail(model.status().message());
+  const ModelConfig& c = model->config;
+  const KvShape shape = PlanKvShape(c);
+  const int64_t context = flags.context > 0 ? flags.context : c.max_position_embeddings;
+  if (flags.batch < 1) return Fail("--batch must be at least 1");
+
+  // Weights: the file's bytes, or the preset in the chosen dtype.
+  double weight_bytes = 0;
+  std::string weight_label;
+  if (model->weights_from_file) {
+    for (const auto& [dtype, bytes] : model->weight_bytes) weight_bytes += bytes;
+    weight_label = "as stored";
+  } else {
+    bool found = false;
+    for (const auto& [dtype, bytes] : model->weight_bytes) {
+      if (dtype == flags.weights_dtype) {
+        weight_bytes = static_cast<double>(bytes);
+        found = true;
+      }
+    }
+    if (!found) return Fail("--weights-dtype must be f32, f16, bf16 or q8_0");
+    weight_label = flags.weights_dtype;
+  }
+  const double ram = PhysicalRamBytes();
+  double memory = ram;
+  std::string memory_label = "this machine's RAM";
+  if (!flags.memory.empty()) {
+    auto parsed = ParseKvMemory(flags.memory, static_cast<size_t>(ram));
+    if (!parsed.ok()) {
+      // Same syntax as --kv-memory; name the flag the user actually gave.
+      std::string message = parsed.status().message();
+      if (message.rfind("--kv-memory", 0) == 0) message.replace(0, 11, "--memory");
+      return Fail(message);
+    }
+    memory = static_cast<double>(*parsed);
+    memory_label = "--memory " + flags.memory;
+  }
+
+  auto options = KvFlagsToOptions(flags.kv, context, 0);
+  if (!options.ok()) return Fail(options.status().message());
+  {
+    // Warn before anything can fail, so the advice shows with any error.
+    auto k_bits = NominalBits(options->k_type);
+    auto v_bits = NominalBits(options->v_type);
+    if (k_bits.ok() && v_bits.ok()) {
+      for (const std::string& w : PlanWarnings(*model, *k_bits, *v_bits)) {
+        std::fprintf(stderr, "warning: %s\n", w.c_str());
+      }
+    }
+  }
+  auto selected = PlanKvType(shape, *options);
+  if (!selected.ok()) return Fail(selected.status().message());
+
+  std::vector<Row> rows;
+  for (const std::string& t : flags.types.empty() ? DefaultPlanTypes() : flags.types) {
+    KvCacheOptions o = *options;
+    o.k_type = o.v_type = t;
+    rows.push_back({t, PlanKvType(shape, o)});
+  }
+  std::vector<int64_t> contexts = {4096, 8192, 32768, 131072};
+  if (std::find(contexts.begin(), contexts.end(), context) == contexts.end()) {
+    contexts.push_back(context);
+  }
+  const FitAnswer fit = PlanFit(selected->layout, weight_bytes, memory, flags.batch, context);
+  const std::vector<std::string> warnings =
+      PlanWarnings(*model, selected->k_bits, selected->v_bits);
+
+  if (flags.json) {
+    nlohmann::json j;
+    j["model"] = {{"name", model->name},
+                  {"source", model->source},
+                  {"layers", c.num_layers},
+                  {"heads", c.num_heads},
+                  {"kv_heads", c.num_kv_heads},
+                  {"head_dim", c.head_dim},
+                  {"hidden", c.hidden_size},
+                  {"intermediate", c.intermediate_size},
+                  {"vocab", c.vocab_size},
+                  {"context", c.max_position_embeddings},
+                  {"tied_embeddings", c.tie_word_embeddings},
+                  {"parameters", model->parameters}};
+    nlohmann::json w = nlohmann::json::object();
+    for (const auto& [dtype, bytes] : model->weight_bytes) w[dtype] = bytes;
+    j["weights"] = {{"from_file", model->weights_from_file}, {"bytes_by_dtype", w}};
+    j["types"] = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json t = {{"type", r.label}};
+      if (!r.plan.ok()) {
+        t["error"] = r.plan.status().message();
+      } else {
+        const KvTypePlan& p = *r.plan;
+        t["nominal_bits"] = p.k_bits;
+        t["nominal_bytes_per_token"] = p.nominal_bytes_per_token;
+        t["exact_bytes_per_token"] = p.layout.BytesPerToken();
+        t["k_bytes_per_token_per_layer"] = p.k_bytes_per_token_layer;
+        t["v_bytes_per_token_per_layer"] = p.v_bytes_per_token_layer;
+        t["block_tokens"] = p.layout.block_tokens;
+        t["block_bytes"] = p.layout.block_bytes;
+        t["side_bytes"] = p.layout.side_bytes;
+        for (int64_t ctx : contexts) {
+          t["bytes_at"][std::to_string(ctx)] = {{"nominal", NominalKvBytes(p, 1, ctx)},
+                                                {"exact", ExactKvBytes(p.layout, 1, ctx)}};
+        }
+      }
+      j["types"].push_back(t);
+    }
+    j["plan"] = {{"k_type", selected->k_type},
+                 {"v_type", selected->v_type},
+                 {"rotate", selected->rotate},
+                 {"batch", flags.batch},
+                 {"context", context},
+                 {"kv_bytes", fit.kv_bytes},
+                 {"kv_bytes_nominal", NominalKvBytes(*selected, flags.batch, context)},
+                 {"weight_bytes", weight_bytes},
+                 {"total_bytes", fit.total_bytes},
+                 {"memory_bytes", memory},
+                 {"fits", fit.fits},
+                 {"max_context", fit.max_context},
+                 {"max_batch", fit.max_batch}};
+    j["warnings"] = warnings;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("model:    %s, %s\n", model->name.c_str(), model->source.c_str());
+  std::printf(
+      "shape:    %lld layers, %lld heads, %lld KV heads x head_dim %lld, hidden %lld, "
+      "ffn %lld, vocab %lld, context %lld%s\n",
+      (long long)c.num_layers, (long long)c.num_heads, (long long)c.num_kv_heads,
+      (long long)c.head_dim, (long long)c.hidden_size, (long long)c.intermediate_size,
+      (long long)c.vocab_size, (long long)c.max_position_embeddings,
+      c.tie_word_embeddings ? ", tied embeddings" : "");
+  std::printf("weights:  %.3f B parameters, %s:", model->parameters / 1e9,
+              model->weights_from_file ? "stored as" : "if stored as");
+  for (size_t i = 0; i < model->weight_bytes.size(); ++i) {
+    const auto& [dtype, bytes] = model->weight_bytes[i];
+    std::printf("%s %s %s", i == 0 ? "" : (model->weights_from_file ? " +" : " |"), dtype.c_str(),
+                Human(static_cast<double>(bytes)).c_str());
+  }
+  std::printf("\n");
+  // GB unless even 128K tokens of f16 stay under 1 GB.
+  const bool mb = NominalKvBytesPerToken(shape, 16, 16) * 131072 < 1e9;
+  const double unit = mb ? 1e6 : 1e9;
+  std::printf(
+      "\nKV cache of one sequence in decimal %s (1e%d B); nominal = 2 x layers x kv_heads x "
+      "head_dim x bits/8 per token;\nexact = what the paged cache allocates (%lld-token blocks, "
+      "scales/zero-points/side data included)\n\n",
+      mb ? "MB" : "GB", mb ? 6 : 9, (long long)selected->layout.block_tokens);
+  std::printf("%-14s %-8s %5s %10s %8s %15s", "type", "", "bits", "B/token", "over",
+              "K+V B/tok/layer");
+  for (int64_t ctx : contexts) std::printf(" %8s", ContextLabel(ctx).c_str());
+  std::printf("\n");
+  for (const Row& r : rows) {
+    if (!r.plan.ok()) {
+      std::printf("%-14s unavailable: %s\n", r.label.c_str(), r.plan.status().message().c_str());
+      continue;
+    }
+    const KvTypePlan& p = *r.plan;
+    std::printf("%-14s %-8s %5d %10.0f %8s %15s", r.label.c_str(), "nominal", p.k_bits,
+                p.nominal_bytes_per_token, "", "");
+    for (int64_t ctx : contexts) std::printf(" %8s", Cell(NominalKvBytes(p, 1, ctx), unit).c_str());
+    std::printf("\n");
+    char over[16], kv[32];
+    std::snprintf(over, sizeof(over), "%+.1f%%",
+                  100.0 * (p.layout.BytesPerToken() / p.nominal_bytes_per_token - 1.0));
+    std::snprintf(kv, sizeof(kv), "%g+%g", p.k_bytes_per_token_layer, p.v_bytes_per_token_layer);
+    std::printf("%-14s %-8s %5s %10.1f %8s %15s", "", "exact", "", p.layout.BytesPerToken(), over,
+                kv);
+    for (int64_t ctx : contexts)
+      std::printf(" %8s", Cell(ExactKvBytes(p.layout, 1, ctx), unit).c_str());
+    if (p.layout.side_bytes > 0) std::printf("  (+%zu B side data)", p.layout.side_bytes);
+    std::printf("\n");
+  }
+
+  std::printf("\nplan:     K %s / V %s%s, batch %lld x context %lld%s\n", selected->k_type.c_str(),
+              selected->v_type.c_str(), selected->rotate ? " (rotated)" : "",
+              (long long)flags.batch, (long long)context,
+              context > c.max_position_embeddings ? " (beyond the model's trained context)" : "");
+  std::printf("          KV %s exact (nominal %s) + weights %s (%s) = %s\n",
+              Human(fit.kv_bytes).c_str(),
+              Human(NominalKvBytes(*selected, flags.batch, context)).c_str(),
+              Human(weight_bytes).c_str(), weight_label.c_str(), Human(fit.total_bytes).c_str());
+  std::printf("          memory %s (%s): %s\n", Human(memory).c_str(), memory_label.c_str(),
+              fit.fits ? "fits" : "does NOT fit");
+  std::printf("          largest context at batch %lld: %lld tokens%s\n", (long long)flags.batch,
+              (long long)fit.max_context,
+              fit.max_context > c.max_position_embeddings ? " (beyond the model's context)" : "");
+  std::printf("          largest batch at context %lld: %lld\n", (long long)context,
+              (long long)fit.max_batch);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterPlanCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "KV-cache and weight memory per cache type; does batch x context fit?");
+  cmd->add_option("-m,--model", flags->model,
+                  "Preset name (see --list-presets), GGUF file or Hugging Face folder "
+                  "(default: the shipped model)");
+  cmd->add_option("-c,--ctx", flags->context,
+                  "Context in tokens per sequence (default: the model's context)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("-b,--batch", flags->batch, "Sequences (default 1)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--memory", flags->memory,
+                  "Budget for weights + KV, parsed like --kv-memory: bytes (512M, 8G = GiB, 8GB = "
+                  "10^9) or a fraction of RAM like 0.5 (default: this machine's RAM)");
+  cmd->add_option("--weights-dtype", flags->weights_dtype,
+                  "For presets: weights stored as f32, f16, bf16 or q8_0 (default f16)");
+  cmd->add_option("--types", flags->types,
+                  "Cache types to tabulate (default: f32 f16 bf16 fp8_* int8 int4 int2 variants)")
+      ->delimiter(',');
+  cmd->add_flag("--json", flags->json, "Machine-readable output");
+  cmd->add_flag("--list-presets", flags->list_presets, "List the model presets and exit");
+  AddKvCacheFlags(*cmd, &flags->kv);
+  cmd->callback([flags, &ctx] { ctx.exit_code = RunPlan(*flags); });
+}
+
+}  // namespace kvq

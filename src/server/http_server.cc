@@ -1,0 +1,388 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "engine/chat_template.h"
+#include "engine/generate.h"
+#include "server/openai_api.h"
+
+namespace kvq {
+namespace {
+
+using json = nlohmann::json;
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void SendError(httplib::Response& res, const ApiError& error) {
+  res.status = error.http_status;
+  res.set_content(ApiErrorJson(error), "application/json");
+}
+
+ApiError MakeError(int status, const std::string& type, const std::string& message,
+                   const std::string& code = "", const std::string& param = "") {
+  ApiError e;
+  e.http_status = status;
+  e.type = type;
+  e.message = message;
+  e.code = code;
+  e.param = param;
+  return e;
+}
+
+// The chat conversation as token ids, the way BuildPrompt renders one turn.
+StatusOr<std::vector<int32_t>> ChatPromptIds(const LoadedModel& model,
+                                             const std::vector<ChatMessage>& messages) {
+  const Tokenizer& tok = *model.tokenizer;
+  KVQ_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::FromJinja(tok.chat_template()));
+  EncodeOptions options;
+  options.parse_special = true;  // the template's markers are special tokens
+  options.add_special = tmpl.bos_text.empty();
+  std::vector<int32_t> ids =
+      tok.Encode(tmpl.Render(messages, /*add_generation_prompt=*/true), options);
+  if (ids.empty()) return Status::Error("the prompt is empty");
+  return ids;
+}
+
+// Streaming state shared by the content provider and its releaser.
+struct StreamState {
+  CompletionRequest request;
+  std::string id;
+  int64_t created = 0;
+  std::shared_ptr<RequestChannel> channel;
+  std::string echo_text;  // echo: the prompt, sent before the completion
+  bool first = true;
+  bool done = false;
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  const LoadedModel& model;
+  EngineLoop& engine;
+  HttpServerOptions options;
+  httplib::Server server;
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<bool> shutting_down{false};
+  std::atomic<int64_t> open_requests{0};  // completions not yet fully answered
+  std::mutex random_mutex;
+  std::mt19937_64 random{std::random_device{}()};
+
+  Impl(const LoadedModel& m, EngineLoop& e, const HttpServerOptions& o)
+      : model(m), engine(e), options(o) {}
+
+  std::string NewId(bool chat) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof(suffix), "%llx", static_cast<unsigned long long>(next_id++));
+    return std::string(chat ? "chatcmpl-" : "cmpl-") + suffix;
+  }
+  uint64_t RandomSeed() {
+    std::lock_guard<std::mutex> lock(random_mutex);
+    return random();
+  }
+
+  bool Authorized(const httplib::Request& req) const {
+    if (options.api_key.empty()) return true;
+    return req.get_header_value("Authorization") == "Bearer " + options.api_key;
+  }
+
+  void Routes();
+  void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void Stream(httplib::Response& res, std::shared_ptr<StreamState> state);
+};
+
+void HttpServer::Impl::Routes() {
+  server.set_payload_max_length(options.max_body_bytes);
+  const int threads = options.http_threads;
+  server.new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  };
+  // Only the API needs the key; /health and /metrics stay open for probes.
+  server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req)) {
+      SendError(res, MakeError(401, "invalid_request_error",
+                               "Incorrect API key provided: pass it as 'Authorization: Bearer "
+                               "<key>'.",
+                               "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Errors httplib raises itself (404 route, 413 body, 400 framing) get the
+  // OpenAI error body too; handlers' own errors already have one.
+  server.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        std::string message = "HTTP " + std::to_string(res.status);
+        if (res.status == 404) message = "no such route";
+        if (res.status == 413) message = "the request body is larger than the server's limit";
+        SendError(res, MakeError(res.status, "invalid_request_error", message));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        SendError(res, MakeError(500, "server_error", "internal error"));
+      });
+
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (shutting_down.load()) {
+      SendError(res, MakeError(503, "server_error", "shutting down"));
+      return;
+    }
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(engine.metrics().Render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json model_json = {{"id", options.model_name},
+                       {"object", "model"},
+                       {"created", UnixSeconds()},
+                       {"owned_by", "kvq"},
+                       {"max_model_len", engine.max_model_len()}};
+    json body = {{"object", "list"}, {"data", json::array({model_json})}};
+    res.set_content(body.dump(), "application/json");
+  });
+  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleCompletion(req, res, false);
+  });
+  server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleCompletion(req, res, true);
+  });
+}
+
+void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,
+                                        bool chat) {
+  // A stream stays open after the handler returns: its releaser decrements.
+  ++open_requests;
+  struct Done {
+    std::atomic<int64_t>* count;
+    ~Done() {
+      if (count != nullptr) --*count;
+    }
+  } done{&open_requests};
+  CompletionRequest request;
+  ApiError error;
+  if (!ParseCompletionRequest(req.body, chat, &request, &error)) return SendError(res, error);
+  if (request.model != options.model_name) {
+    return SendError(res, MakeError(404, "invalid_request_error",
+                                    "The model '" + request.model + "' does not exist; this " +
+                                        "server serves '" + options.model_name + "'.",
+                                    "model_not_found", "model"));
+  }
+  // Token ids exactly as `kvq generate` builds them for the same text.
+  StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>{};
+  if (chat) {
+    ids = ChatPromptIds(model, request.messages);
+  } else if (!request.prompt_ids.empty()) {
+    ids = request.prompt_ids;
+    const int64_t vocab = model.transformer->config().vocab_size;
+    for (int32_t id : request.prompt_ids) {
+      if (id >= vocab) {
+        return SendError(res, MakeError(400, "invalid_request_error",
+                                        "token id " + std::to_string(id) + " is outside the " +
+                                            "vocabulary of " + std::to_string(vocab),
+                                        "", "prompt"));
+      }
+    }
+  } else {
+    ids = BuildPrompt(model, request.prompt, /*chat=*/false);
+  }
+  if (!ids.ok()) {
+    return SendError(res, MakeError(400, "invalid_request_error", ids.status().message(), "",
+                                    chat ? "messages" : "prompt"));
+  }
+  ServeRequest serve;
+  serve.prompt = std::move(ids).value();
+  const int64_t prompt_tokens = static_cast<int64_t>(serve.prompt.size());
+  if (request.max_tokens) {
+    serve.max_tokens = *request.max_tokens;
+  } else {
+    // vLLM's defaults: 16 for completions, the rest of the context for chat.
+    const int64_t room = engine.MaxNewTokens(prompt_tokens);
+    serve.max_tokens = chat ? room : std::min(options.default_max_tokens, room);
+  }
+  serve.sampling.temperature = request.temperature;
+  serve.sampling.top_p = request.top_p;
+  serve.sampling.top_k = request.top_k;
+  serve.sampling.seed = request.seed ? *request.seed : RandomSeed();
+  serve.stop = request.stop;
+  serve.stop_at_eos = !request.ignore_eos;
+
+  if (shutting_down.load()) {
+    res.set_header("Retry-After", "5");
+    return SendError(res, MakeError(503, "server_error", "the server is shutting down"));
+  }
+  SubmitResult submitted = engine.Submit(std::move(serve));
+  switch (submitted.outcome) {
+    case SubmitOutcome::kAccepted:
+      break;
+    case SubmitOutcome::kInvalid:
+      return SendError(res, MakeError(400, "invalid_request_error", submitted.message,
+                                      "context_length_exceeded", "max_tokens"));
+    case SubmitOutcome::kQueueFull:
+      res.set_header("Retry-After", "1");
+      return SendError(
+          res, MakeError(429, "rate_limit_exceeded", submitted.message, "rate_limit_exceeded"));
+    case SubmitOutcome::kShuttingDown:
+      res.set_header("Retry-After", "5");
+      return SendError(res, MakeError(503, "server_error", submitted.message));
+  }
+
+  auto state = std::make_shared<StreamState>();
+  state->request = std::move(request);
+  state->id = NewId(chat);
+  state->created = UnixSeconds();
+  state->channel = submitted.channel;
+  if (state->request.echo) {
+    state->echo_text = state->request.prompt_ids.empty()
+                           ? state->request.prompt
+                           : model.tokenizer->Decode(state->request.prompt_ids);
+  }
+  if (state->request.stream) {
+    done.count = nullptr;
+    return Stream(res, state);
+  }
+
+  std::string text = state->echo_text;
+  while (true) {
+    std::vector<RequestEvent> events;
+    state->channel->Pop(&events, std::chrono::milliseconds(200));
+    for (RequestEvent& event : events) {
+      text += event.text;
+      if (!event.final) continue;
+      if (event.finish_reason == "error") {
+        return SendError(res, MakeError(500, "server_error", "generation failed: " + event.error));
+      }
+      if (event.finish_reason == "cancelled") {
+        return SendError(res, MakeError(503, "server_error",
+                                        "the request was cancelled (server shutting down)"));
+      }
+      const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
+      res.set_content(CompletionJson(state->request, state->id, state->created, text,
+                                     event.finish_reason, usage),
+                      "application/json");
+      return;
+    }
+  }
+}
+
+void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamState> state) {
+  res.set_header("Cache-Control", "no-cache");
+  EngineLoop* engine_ptr = &engine;
+  std::atomic<int64_t>* open = &open_requests;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [state](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& data) {
+          state->last_write = std::chrono::steady_clock::now();
+          return sink.write(data.data(), data.size());
+        };
+        if (!state->echo_text.empty()) {
+          const std::string prompt = std::move(state->echo_text);
+          state->echo_text.clear();
+          if (!write(StreamChunk(state->request, state->id, state->created, prompt, "", true,
+                                 nullptr))) {
+            return false;
+          }
+          state->first = false;
+        }
+        std::vector<RequestEvent> events;
+        if (!state->channel->Pop(&events, std::chrono::milliseconds(100))) {
+          // Nothing to send (queued or a long prefill): an SSE comment now
+          // and then finds a client that has gone away.
+          if (std::chrono::steady_clock::now() - state->last_write > std::chrono::seconds(2)) {
+            return write(": keep-alive\n\n");
+          }
+          return sink.is_writable();
+        }
+        for (const RequestEvent& event : events) {
+          if (!event.final) {
+            if (event.text.empty()) continue;
+            if (!write(StreamChunk(state->request, state->id, state->created, event.text, "",
+                                   state->first, nullptr))) {
+              return false;
+            }
+            state->first = false;
+            continue;
+          }
+          state->done = true;
+          if (event.finish_reason == "stop" || event.finish_reason == "length") {
+            // usage on the last choice chunk, or in its own chunk when the
+            // client asked for stream_options.include_usage (OpenAI's form).
+            const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
+            const bool own_chunk = state->request.include_usage;
+            if (!write(StreamChunk(state->request, state->id, state->created, event.text,
+                                   event.finish_reason, state->first,
+                                   own_chunk ? nullptr : &usage))) {
+              return false;
+            }
+            if (own_chunk && !write(UsageChunk(state->request, state->id, state->created, usage))) {
+              return false;
+            }
+          } else {
+            const ApiError e = MakeError(event.finish_reason == "error" ? 500 : 503, "server_error",
+                                         event.finish_reason == "error"
+                                             ? "generation failed: " + event.error
+                                             : "the request was cancelled (server shutting down)");
+            if (!write("data: " + ApiErrorJson(e) + "\n\n")) return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+          sink.done();
+          return true;
+        }
+        return true;
+      },
+      [state, engine_ptr, open](bool) {
+        // The stream ended before the final event: the client went away.
+        if (!state->done) engine_ptr->Cancel(state->channel);
+        --*open;
+      });
+}
+
+HttpServer::HttpServer(const LoadedModel& model, EngineLoop& engine,
+                       const HttpServerOptions& options)
+    : impl_(std::make_unique<Impl>(model, engine, options)) {
+  impl_->Routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+StatusOr<int> HttpServer::Bind() {
+  if (impl_->options.port == 0) {
+    const int port = impl_->server.bind_to_any_port(impl_->options.host);
+    if (port < 0) return Status::Error("cannot listen on " + impl_->options.host);
+    return port;
+  }
+  if (!impl_->server.bind_to_port(impl_->options.host, impl_->options.port)) {
+    return Status::Error("cannot listen on " + impl_->options.host + ":" +
+                         std::to_string(impl_->options.port) + " (in use, or not an address)");
+  }
+  return impl_->options.port;
+}
+
+void HttpServer::Listen() { impl_->server.listen_after_bind(); }
+void HttpServer::Stop() { impl_->server.stop(); }
+void HttpServer::SetShuttingDown() { impl_->shutting_down.store(true); }
+
+bool HttpServer::WaitRequestsAnswered(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (impl_->open_requests.load() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace kvq

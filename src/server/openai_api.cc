@@ -1,0 +1,293 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace kvq {
+namespace {
+
+using json = nlohmann::json;
+
+// Model output may hold invalid UTF-8 (a token can end inside a character
+// when generation stops); replace it rather than throw.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+bool Fail(ApiError* error, const std::string& param, const std::string& message) {
+  error->http_status = 400;
+  error->type = "invalid_request_error";
+  error->param = param;
+  error->message = message;
+  return false;
+}
+
+// Integer field; a JSON number with a fraction or a value past int64 is an error.
+bool GetInt(const json& body, const char* name, int64_t min, int64_t max,
+            std::optional<int64_t>* out, ApiError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number_integer()) {
+    return Fail(error, name, std::string("'") + name + "' must be an integer");
+  }
+  int64_t value;
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    value = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                ? std::numeric_limits<int64_t>::max()
+                : static_cast<int64_t>(u);
+  } else {
+    value = it->get<int64_t>();
+  }
+  if (value < min || value > max) {
+    return Fail(error, name,
+                std::string("'") + name + "' must be between " + std::to_string(min) + " and " +
+                    std::to_string(max) + ", got " + it->dump());
+  }
+  *out = value;
+  return true;
+}
+
+bool GetFloat(const json& body, const char* name, double min, double max, float* out,
+              ApiError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number()) return Fail(error, name, std::string("'") + name + "' must be a number");
+  const double value = it->get<double>();
+  if (!std::isfinite(value) || value < min || value > max) {
+    return Fail(error, name,
+                std::string("'") + name + "' must be between " + json(min).dump() + " and " +
+                    json(max).dump() + ", got " + it->dump());
+  }
+  *out = static_cast<float>(value);
+  return true;
+}
+
+bool GetBool(const json& body, const char* name, bool* out, ApiError* error) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_boolean()) return Fail(error, name, std::string("'") + name + "' must be a boolean");
+  *out = it->get<bool>();
+  return true;
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts.
+bool GetContent(const json& content, const std::string& param, std::string* out, ApiError* error) {
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return true;
+  }
+  if (!content.is_array()) return Fail(error, param, "'content' must be a string or an array");
+  for (const json& part : content) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") || !part["text"].is_string()) {
+      return Fail(error, param, "only content parts of type 'text' are supported");
+    }
+    *out += part["text"].get<std::string>();
+  }
+  return true;
+}
+
+bool ParseMessages(const json& body, CompletionRequest* request, ApiError* error) {
+  auto it = body.find("messages");
+  if (it == body.end()) return Fail(error, "messages", "'messages' is required");
+  if (!it->is_array() || it->empty()) {
+    return Fail(error, "messages", "'messages' must be a non-empty array");
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return Fail(error, param, param + " must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return Fail(error, param + ".role", param + ".role must be a string");
+    }
+    ChatMessage message;
+    message.role = role->get<std::string>();
+    if (message.role != "system" && message.role != "user" && message.role != "assistant" &&
+        message.role != "developer") {
+      return Fail(error, param + ".role",
+                  "unsupported role '" + message.role + "' (system, developer, user, assistant)");
+    }
+    if (message.role == "developer") message.role = "system";
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      return Fail(error, param + ".content", param + ".content is required");
+    }
+    if (!GetContent(*content, param + ".content", &message.content, error)) return false;
+    request->messages.push_back(std::move(message));
+  }
+  return true;
+}
+
+bool ParsePrompt(const json& body, CompletionRequest* request, ApiError* error) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return Fail(error, "prompt", "'prompt' is required");
+  if (it->is_string()) {
+    request->prompt = it->get<std::string>();
+    return true;
+  }
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
+    request->prompt = (*it)[0].get<std::string>();
+    return true;
+  }
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+    for (const json& id : *it) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Fail(error, "prompt", "a token-id prompt must hold non-negative integers");
+      }
+      request->prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+    return true;
+  }
+  return Fail(error, "prompt",
+              "'prompt' must be a string, an array of one string, or an array of token ids "
+              "(batched prompts are not supported)");
+}
+
+json UsageJson(const CompletionUsage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json FinishReason(const std::string& reason) {
+  return reason.empty() ? json(nullptr) : json(reason);
+}
+
+}  // namespace
+
+std::string ApiErrorJson(const ApiError& error) {
+  json body = {{"message", error.message},
+               {"type", error.type},
+               {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+               {"code", error.code.empty() ? json(nullptr) : json(error.code)}};
+  return Dump(json{{"error", body}});
+}
+
+bool ParseCompletionRequest(std::string_view body_text, bool chat, CompletionRequest* request,
+                            ApiError* error) {
+  *request = CompletionRequest{};
+  request->chat = chat;
+  const json body = json::parse(body_text.begin(), body_text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (body.is_discarded()) return Fail(error, "", "the request body is not valid JSON");
+  if (!body.is_object()) return Fail(error, "", "the request body must be a JSON object");
+
+  auto model = body.find("model");
+  if (model == body.end() || model->is_null()) return Fail(error, "model", "'model' is required");
+  if (!model->is_string()) return Fail(error, "model", "'model' must be a string");
+  request->model = model->get<std::string>();
+
+  if (chat ? !ParseMessages(body, request, error) : !ParsePrompt(body, request, error)) {
+    return false;
+  }
+  // Chat clients send max_completion_tokens (the newer name); either works.
+  std::optional<int64_t> max_tokens, max_completion_tokens;
+  constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+  if (!GetInt(body, "max_tokens", 1, kMaxInt, &max_tokens, error)) return false;
+  if (!GetInt(body, "max_completion_tokens", 1, kMaxInt, &max_completion_tokens, error)) {
+    return false;
+  }
+  request->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+
+  if (!GetFloat(body, "temperature", 0, 2, &request->temperature, error)) return false;
+  if (!GetFloat(body, "top_p", 0, 1, &request->top_p, error)) return false;
+  if (request->top_p <= 0) return Fail(error, "top_p", "'top_p' must be greater than 0");
+  std::optional<int64_t> top_k, seed, n;
+  if (!GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k, error)) return false;
+  if (top_k) request->top_k = *top_k < 0 ? 0 : static_cast<int32_t>(*top_k);  // -1: off (vLLM)
+  if (!GetInt(body, "seed", std::numeric_limits<int64_t>::min(), kMaxInt, &seed, error)) {
+    return false;
+  }
+  if (seed) request->seed = static_cast<uint64_t>(*seed);
+  if (!GetInt(body, "n", 1, 1, &n, error)) {
+    error->message = "only n = 1 is supported";
+    return false;
+  }
+  if (!GetBool(body, "stream", &request->stream, error)) return false;
+  if (!GetBool(body, "ignore_eos", &request->ignore_eos, error)) return false;
+  if (!chat && !GetBool(body, "echo", &request->echo, error)) return false;
+
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object())
+      return Fail(error, "stream_options", "'stream_options' must be an object");
+    if (!GetBool(*it, "include_usage", &request->include_usage, error)) return false;
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      request->stop.push_back(it->get<std::string>());
+    } else if (it->is_array() && it->size() <= 4) {
+      for (const json& s : *it) {
+        if (!s.is_string()) return Fail(error, "stop", "'stop' entries must be strings");
+        request->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return Fail(error, "stop", "'stop' must be a string or an array of up to 4 strings");
+    }
+    for (const std::string& s : request->stop) {
+      if (s.empty()) return Fail(error, "stop", "stop strings must not be empty");
+    }
+  }
+  // Log probabilities are not produced yet: say so rather than ignore them.
+  if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+    const bool wanted =
+        it->is_boolean() ? it->get<bool>() : !(it->is_number_integer() && it->get<int64_t>() == 0);
+    if (wanted) return Fail(error, "logprobs", "'logprobs' is not supported by this server");
+  }
+  return true;
+}
+
+std::string CompletionJson(const CompletionRequest& request, const std::string& id, int64_t created,
+                           const std::string& text, const std::string& finish_reason,
+                           const CompletionUsage& usage) {
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(finish_reason)}};
+  if (request.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  json body = {{"id", id},
+               {"object", request.chat ? "chat.completion" : "text_completion"},
+               {"created", created},
+               {"model", request.model},
+               {"choices", json::array({choice})},
+               {"usage", UsageJson(usage)}};
+  return Dump(body);
+}
+
+std::string StreamChunk(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const std::string& text, const std::string& finish_reason, bool first,
+                        const CompletionUsage* usage) {
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(finish_reason)}};
+  if (request.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || first) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json body = {{"id", id},
+               {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", created},
+               {"model", request.model},
+               {"choices", json::array({choice})}};
+  if (usage != nullptr) body["usage"] = UsageJson(*usage);
+  return "data: " + Dump(body) + "\n\n";
+}
+
+std::string UsageChunk(const CompletionRequest& request, const std::string& id, int64_t created,
+                       const CompletionUsage& usage) {
+  json body = {{"id", id},
+               {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", created},
+               {"model", request.model},
+               {"choices", json::array()},
+               {"usage", UsageJson(usage)}};
+  return "data: " + Dump(body) + "\n\n";
+}
+
+}  // namespace kvq

@@ -1,0 +1,184 @@
+// kvq serve: the OpenAI-compatible server (continuous batching over the
+// paged, quantized KV cache). Flags follow vLLM's names where they exist.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "base/threads.h"
+#include "engine/loaded_model.h"
+#include "kv/kv_factory.h"
+#include "server/engine_loop.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+#include "tools/commands.h"
+#include "tools/kv_flags.h"
+
+namespace kvq {
+namespace {
+
+struct ServeFlags {
+  std::string model;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  int64_t max_model_len = 0;
+  int64_t max_num_seqs = 16;
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_waiting = 64;
+  int http_threads = 64;
+  double shutdown_timeout = 30;
+  int threads = 0;
+  KvFlags kv;
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvq serve: %s\n", message.c_str());
+  return 1;
+}
+
+int RunServe(const ServeFlags& flags) {
+  // SIGTERM/SIGINT are taken by one thread with sigwait; block them before
+  // any other thread (OpenMP, HTTP, engine) exists so none receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a dead server
+
+  const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
+  auto loaded = LoadModel(flags.model, threads);
+  if (!loaded.ok()) return Fail(loaded.status().message());
+  const ModelConfig& config = loaded->transformer->config();
+  int64_t max_model_len = config.max_position_embeddings;
+  if (flags.max_model_len > 0) {
+    if (flags.max_model_len > config.max_position_embeddings) {
+      return Fail("--max-model-len " + std::to_string(flags.max_model_len) +
+                  " exceeds the model's context of " +
+                  std::to_string(config.max_position_embeddings));
+    }
+    max_model_len = flags.max_model_len;
+  }
+  auto kv_options = KvFlagsToOptions(flags.kv, max_model_len, threads);
+  if (!kv_options.ok()) return Fail(kv_options.status().message());
+  auto cache = MakeKvCache(loaded->transformer->kv_shape(), *kv_options);
+  if (!cache.ok()) return Fail(cache.status().message());
+
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_num_seqs = flags.max_num_seqs;
+  scheduler_options.max_num_batched_tokens = flags.max_num_batched_tokens;
+  scheduler_options.max_model_len = max_model_len;
+  scheduler_options.block_tokens = kv_options->block_tokens;
+  auto scheduler =
+      Scheduler::Create(*loaded->transformer, *loaded->tokenizer, **cache, scheduler_options);
+  if (!scheduler.ok()) return Fail(scheduler.status().message());
+  EngineLoopOptions loop_options;
+  loop_options.max_waiting = flags.max_waiting;
+  EngineLoop engine(std::move(scheduler).value(), **cache, loop_options);
+
+  HttpServerOptions http_options;
+  http_options.host = flags.host;
+  http_options.port = flags.port;
+  http_options.api_key = flags.api_key;
+  http_options.http_threads = flags.http_threads;
+  http_options.model_name = flags.served_model_name;
+  if (http_options.model_name.empty()) {
+    http_options.model_name = std::filesystem::path(loaded->path).filename().string();
+    if (http_options.model_name.empty()) {
+      http_options.model_name = std::filesystem::path(loaded->path).parent_path().filename();
+    }
+  }
+  HttpServer http(*loaded, engine, http_options);
+  auto port = http.Bind();
+  if (!port.ok()) return Fail(port.status().message());
+  engine.Start();
+
+  const KvUsage usage = (*cache)->Usage();
+  std::fprintf(stderr,
+               "kvq serve: model '%s' (%s), KV cache %s: %lld blocks of %lld tokens (%.1f MiB), "
+               "max-model-len %lld, max-num-seqs %lld\n",
+               http_options.model_name.c_str(), loaded->path.c_str(), (*cache)->TypeName(),
+               static_cast<long long>(usage.blocks_total),
+               static_cast<long long>(kv_options->block_tokens),
+               static_cast<double>(usage.bytes_reserved) / (1 << 20),
+               static_cast<long long>(max_model_len), static_cast<long long>(flags.max_num_seqs));
+  // Scripts start the server on --port 0 and read the port from this line.
+  std::printf("kvq serve: listening on http://%s:%d\n", flags.host.c_str(), *port);
+  std::fflush(stdout);
+
+  std::atomic<bool> listening_ended{false};
+  std::thread signal_thread([&] {
+    const timespec tick{0, 200 * 1000 * 1000};
+    while (!listening_ended.load()) {
+      const int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig != SIGTERM && sig != SIGINT) continue;
+      std::fprintf(stderr, "kvq serve: %s: draining (up to %.0f s)\n",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT", flags.shutdown_timeout);
+      http.SetShuttingDown();
+      engine.StopAccepting();
+      const auto timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(flags.shutdown_timeout * 1000));
+      if (!engine.WaitIdle(timeout)) {
+        std::fprintf(stderr, "kvq serve: timeout: cancelling the requests still running\n");
+      }
+      engine.Stop();
+      http.WaitRequestsAnswered(std::chrono::seconds(5));
+      http.Stop();
+      return;
+    }
+  });
+  http.Listen();
+  listening_ended.store(true);
+  signal_thread.join();
+  engine.Stop();
+  std::fprintf(stderr, "kvq serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<ServeFlags>();
+  CLI::App* cmd =
+      app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  cmd->add_option("-m,--model", flags->model,
+                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  cmd->add_option("--served-model-name", flags->served_model_name,
+                  "Model id in the API (default: the model's file or folder name)");
+  cmd->add_option("--host", flags->host, "Address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", flags->port, "Port; 0 = any free port, printed at start (default 8000)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* (default: no key)");
+  cmd->add_option("--max-model-len", flags->max_model_len,
+                  "Prompt + generated tokens per request (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-seqs", flags->max_num_seqs,
+                  "Sequences decoded together in one batch (default 16)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_option(
+         "--max-num-batched-tokens", flags->max_num_batched_tokens,
+         "Tokens in one forward pass; longer prompts are prefilled in chunks (default 512)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--max-waiting", flags->max_waiting,
+                  "Requests queued for admission before new ones get HTTP 429 (default 64)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--http-threads", flags->http_threads,
+                  "Connections served at once; each open stream holds one (default 64)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--shutdown-timeout", flags->shutdown_timeout,
+                  "Seconds SIGTERM waits for running requests before cancelling them (default 30)")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("-t,--threads", flags->threads, "Threads for the model (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  AddKvCacheFlags(*cmd, &flags->kv);
+  cmd->callback([flags, &ctx] { ctx.exit_code = RunServe(*flags); });
+}
+
+}  // namespace kvq

@@ -23,32 +23,13 @@
 #include <vector>
 
 #include "kv/kv_factory.h"
+#include "read_probe.h"
 
 namespace kvq {
 namespace {
 
 constexpr int64_t kHeads = 14, kKvHeads = 2, kHeadDim = 64;
 constexpr int64_t kRotateBytes = int64_t{512} << 20;
-
-uint64_t SumWords(const uint64_t* p, int64_t words, int threads) {
-  uint64_t total = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static) if (threads > 1)
-  for (int64_t i = 0; i < words; ++i) total += p[i];
-  return total;
-}
-
-double ProbeReadGBs(int threads) {
-  const int64_t words = int64_t{64} << 20;  // 512 MiB
-  std::vector<uint64_t> a(static_cast<size_t>(words), 1);
-  double best = 0.0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(SumWords(a.data(), words, threads));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(words) * 8 / s / 1e9);
-  }
-  return best;
-}
 
 void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   const int64_t context = state.range(0);

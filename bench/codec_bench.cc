@@ -15,18 +15,13 @@
 #include <vector>
 
 #include "kv/codec.h"
+#include "read_probe.h"
 
 namespace kvq {
 namespace {
 
 constexpr int64_t kRotateBytes = int64_t{256} << 20;
 constexpr int64_t kRows = 16384;
-
-uint64_t SumWords(const uint64_t* p, int64_t words) {
-  uint64_t total = 0;
-  for (int64_t i = 0; i < words; ++i) total += p[i];
-  return total;
-}
 
 void BM_Codec(benchmark::State& state, const std::string& name, int64_t dim, int64_t group,
               bool values) {

@@ -25,6 +25,7 @@
 #include "ops/matmul.h"
 #include "ops/matvec.h"
 #include "ops/weights.h"
+#include "read_probe.h"
 
 namespace kvq::ops {
 namespace {
@@ -62,29 +63,6 @@ struct RotatingWeights {
     return WeightView{type, rows, cols, bytes.data() + (k % copies) * rows * RowBytes(type, cols)};
   }
 };
-
-// Sum of `words` 64-bit words with `threads` threads. Integer adds are
-// associative, so the compiler vectorizes the reduction and the loads, not
-// an add-latency chain, set the speed: a pure read-bandwidth probe.
-uint64_t SumWords(const uint64_t* p, int64_t words, int threads) {
-  uint64_t total = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static) if (threads > 1)
-  for (int64_t i = 0; i < words; ++i) total += p[i];
-  return total;
-}
-
-double ProbeReadGBs(int threads) {
-  const int64_t words = int64_t{64} << 20;  // 512 MiB
-  std::vector<uint64_t> a(static_cast<size_t>(words), 1);
-  double best = 0.0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(SumWords(a.data(), words, threads));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(words) * 8 / s / 1e9);
-  }
-  return best;
-}
 
 void BM_ReadProbe(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
@@ -276,8 +254,8 @@ void RegisterAll() {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  const double probe1 = kvq::ops::ProbeReadGBs(1);
-  const double probe2 = kvq::ops::ProbeReadGBs(2);
+  const double probe1 = kvq::ProbeReadGBs(1);
+  const double probe2 = kvq::ProbeReadGBs(2);
   std::printf(
       "read-bandwidth probe (best of 5, 512 MiB sum): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
       probe1, probe2);

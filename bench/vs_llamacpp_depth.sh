@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Side-by-side at depth: prefill and decode with DEPTH tokens already in the
+# KV cache, kvq's paged caches against llama.cpp's (flash attention on), on the
+# same `kvq synth --preset qwen2.5-0.5b` F16 GGUF, same threads, one run.
+# Pairs: kvq f16 / llama.cpp f16, kvq int8 (g32, 9 bits/value) / llama.cpp
+# q8_0 (8.5), kvq int4 (g32 asym, 5) / llama.cpp q4_0 (4.5).
+# Also prints each decode figure as a fraction of its bandwidth floor:
+# (weight bytes + KV bytes read per token) / read bandwidth of a probe run here.
+#
+#   bench/vs_llamacpp_depth.sh [THREADS] [REPETITIONS] [DEPTHS] [PROMPT] [GEN]
+# Defaults: 2 threads, 2 repetitions, depths 4096,16384, pp512, tg32.
+# Needs: make build. Slow: each test refills DEPTH tokens first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${1:-2}
+reps=${2:-2}
+depths=${3:-4096,16384}
+prompt=${4:-512}
+gen=${5:-32}
+kvq=build/bin/kvq
+llama_bin=$(scripts/build_llama_cpp.sh llama llama-bench | tail -n 1)
+model=build/bench/qwen2.5-0.5b-f16.gguf
+out=build/bench/depth
+mkdir -p "$out"
+if [ ! -f "$model" ]; then
+  "$kvq" synth --preset qwen2.5-0.5b --vocab .deps/llama.cpp/models/ggml-vocab-qwen2.gguf \
+    --dtype f16 --seed 1 -o "$model"
+fi
+probe=$(build/bin/ops_bench --benchmark_filter="^ReadProbe/$threads/" --benchmark_format=json \
+  2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+text = sys.stdin.read()
+bench = json.loads(text[text.index("{"):])["benchmarks"][0]
+print(bench["bytes_per_second"] / 1e9)')
+echo "read probe, $threads threads: $probe GB/s"
+for pair in "f16 f16" "int8 q8_0" "int4 q4_0"; do
+  set -- $pair
+  echo "== llama.cpp -ctk $2 -ctv $2 -d $depths"
+  "$llama_bin/llama-bench" -m "$model" -t "$threads" -fa 1 -ctk "$2" -ctv "$2" -d "$depths" \
+    -p "$prompt" -n "$gen" -r "$reps" -o json > "$out/llama_$2.json"
+  echo "== kvq --kv-cache-dtype $1 -d $depths"
+  "$kvq" bench -m "$model" -t "$threads" --kv-cache-dtype "$1" -d "$depths" -p "$prompt" \
+    -n "$gen" -r "$reps" > "$out/kvq_$1.md"
+  "$kvq" plan -m "$model" --kv-cache-dtype "$1" --json > "$out/plan_$1.json"
+done
+/usr/bin/python3 - "$out" "$probe" "$model" <<'PY'
+import json, os, re, sys
+out, probe, model = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+pairs = [("f16", "f16"), ("int8", "q8_0"), ("int4", "q4_0")]
+print("\n| kvq KV | llama.cpp KV | test | llama.cpp t/s | kvq t/s | kvq / llama.cpp | kvq floor t/s | kvq / floor |")
+print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+for ours, theirs in pairs:
+    llama = {}
+    for row in json.load(open(f"{out}/llama_{theirs}.json")):
+        test = ("pp%d" % row["n_prompt"]) if row["n_gen"] == 0 else ("tg%d" % row["n_gen"])
+        llama[(test, row.get("n_depth", 0))] = row["avg_ts"]
+    kvq = {}
+    for line in open(f"{out}/kvq_{ours}.md"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.match(r"((?:pp|tg)\d+)(?: @ d(\d+))?$", cells[6]) if len(cells) == 8 else None
+        if m:
+            kvq[(m.group(1), int(m.group(2) or 0))] = float(cells[7].split("±")[0])
+    plan = json.load(open(f"{out}/plan_{ours}.json"))["plan"]
+    bpt = plan["kv_bytes"] / plan["context"]  # exact bytes per cached token, all layers
+    weights = plan["weight_bytes"]            # every weight byte is read once per decoded token
+    for key in sorted(llama):
+        if key not in kvq:
+            continue
+        test, depth = key
+        floor = ""
+        if test.startswith("tg") and bpt:
+            t = probe * 1e9 / (weights + bpt * (depth + 1))
+            floor = f"{t:.1f} | {kvq[key] / t:.2f}"
+        else:
+            floor = "- | -"
+        print(f"| {ours} | {theirs} | {test} @ d{depth} | {llama[key]:.2f} | {kvq[key]:.2f} | "
+              f"{kvq[key] / llama[key]:.2f} | {floor} |")
+PY

@@ -232,4 +232,21 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
   return Status::Ok();
 }
 
+StatusOr<std::vector<std::vector<double>>> KBiasNorms(const ModelFiles& files) {
+  const ModelConfig& c = files.config;
+  std::vector<std::vector<double>> norms;  // [num_layers][num_kv_heads]
+  if (!c.attention_bias) return norms;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    KVQ_ASSIGN_OR_RETURN(std::vector<float> bias,  // [num_kv_heads * head_dim]
+                         LoadVector(files, "blk." + std::to_string(l) + ".attn_k.bias",
+                                    c.num_kv_heads * c.head_dim, true));
+    std::vector<double>& layer = norms.emplace_back(static_cast<size_t>(c.num_kv_heads), 0.0);
+    for (int64_t i = 0; i < c.num_kv_heads * c.head_dim; ++i) {
+      layer[i / c.head_dim] += static_cast<double>(bias[i]) * bias[i];
+    }
+    for (double& n : layer) n = std::sqrt(n);
+  }
+  return norms;
+}
+
 }  // namespace kvq

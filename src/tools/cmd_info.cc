@@ -10,6 +10,7 @@
 #include "io/gguf.h"
 #include "model/model_files.h"
 #include "model/tokenizer_spec.h"
+#include "model/transformer.h"
 #include "tools/commands.h"
 
 namespace kvq {
@@ -130,6 +131,15 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
         kv_type.c_str(), plan.layout.BytesPerToken(), plan.nominal_bytes_per_token,
         plan.k_bytes_per_token_layer, plan.v_bytes_per_token_layer, plan.layout.block_bytes,
         (long long)plan.layout.block_tokens);
+  }
+  KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(m));
+  if (!bias_norms.empty()) {
+    std::printf("k_proj bias:  L2 norm per layer (per KV head):");
+    for (size_t l = 0; l < bias_norms.size(); ++l) {
+      std::printf("%s %zu:", l % 6 == 0 ? "\n             " : "", l);
+      for (double n : bias_norms[l]) std::printf(" %.1f", n);
+      std::printf(l + 1 < bias_norms.size() ? ";" : "\n");
+    }
   }
   PrintTokenizer(m.tokenizer);
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include "model/hf_config.h"
 #include "model/synth.h"
 #include "model/tensor_names.h"
+#include "model/transformer.h"
 
 namespace kvq {
 namespace {
@@ -413,6 +414,39 @@ TEST(SynthRealVocabTest, CopiesTokenizerKeys) {
   EXPECT_EQ(m->Find("token_embd.weight")->shape, (std::vector<int64_t>{151936, 64}));
   EXPECT_EQ(*m->gguf->GetString("general.name"), "kvq-synth");
   std::filesystem::remove(out);
+}
+
+TEST_F(ModelFilesTest, KBiasNormsPerLayerAndHead) {
+  const ModelConfig c = Preset("tiny-qwen2");  // has q/k/v biases
+  const std::string path = Path("bias.gguf");
+  ASSERT_TRUE(WriteSynthGguf(c, nullptr, SynthOptions{}, path).ok());
+  auto m = OpenModel(path);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  auto norms = KBiasNorms(*m);
+  ASSERT_TRUE(norms.ok()) << norms.status().message();
+  ASSERT_EQ(static_cast<int64_t>(norms->size()), c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const TensorRef* t = m->Find("blk." + std::to_string(l) + ".attn_k.bias");
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->dtype, DType::kF32);
+    const float* bias = reinterpret_cast<const float*>(t->data);  // [kv_heads * head_dim]
+    ASSERT_EQ(static_cast<int64_t>((*norms)[l].size()), c.num_kv_heads);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      double sum = 0;
+      for (int64_t d = 0; d < c.head_dim; ++d)
+        sum += double(bias[h * c.head_dim + d]) * bias[h * c.head_dim + d];
+      // Same f32 inputs summed in double in the same order: equal to rounding of the sqrt.
+      EXPECT_NEAR((*norms)[l][h], std::sqrt(sum), 1e-12 * (1 + std::sqrt(sum)));
+    }
+  }
+  ModelConfig no_bias = Preset("tiny-llama-odd");
+  const std::string path2 = Path("nobias.gguf");
+  ASSERT_TRUE(WriteSynthGguf(no_bias, nullptr, SynthOptions{}, path2).ok());
+  auto m2 = OpenModel(path2);
+  ASSERT_TRUE(m2.ok());
+  auto none = KBiasNorms(*m2);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
 }
 
 }  // namespace

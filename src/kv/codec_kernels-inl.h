@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 
@@ -210,38 +211,39 @@ HWY_NOINLINE void AccumulatePass(const Fmt& fmt, const uint8_t* HWY_RESTRICT row
   }
 }
 
+// Calls body(std::integral_constant<int64_t, K>()) with K = heads, clamped to
+// [1, kMaxHeadsPerPass], so each pass is compiled with a fixed accumulator count.
+template <class Body>
+HWY_INLINE void WithHeadCount(int64_t heads, const Body& body) {
+  switch (heads) {
+    case 1:
+      return body(std::integral_constant<int64_t, 1>());
+    case 2:
+      return body(std::integral_constant<int64_t, 2>());
+    case 3:
+      return body(std::integral_constant<int64_t, 3>());
+    case 4:
+      return body(std::integral_constant<int64_t, 4>());
+    case 5:
+      return body(std::integral_constant<int64_t, 5>());
+    case 6:
+      return body(std::integral_constant<int64_t, 6>());
+    case 7:
+      return body(std::integral_constant<int64_t, 7>());
+    default:
+      return body(std::integral_constant<int64_t, kMaxHeadsPerPass>());
+  }
+}
+
 template <class Fmt>
 HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* q,
                        int64_t group, float scale, float* scores, int64_t stride) {
   for (int64_t h0 = 0; h0 < group; h0 += kMaxHeadsPerPass) {
     const float* qh = q + h0 * fmt.head_dim;
     float* sh = scores + h0 * stride;
-    switch (std::min(kMaxHeadsPerPass, group - h0)) {
-      case 1:
-        ScoresPass<1>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      case 2:
-        ScoresPass<2>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      case 3:
-        ScoresPass<3>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      case 4:
-        ScoresPass<4>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      case 5:
-        ScoresPass<5>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      case 6:
-        ScoresPass<6>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      case 7:
-        ScoresPass<7>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-      default:
-        ScoresPass<8>(fmt, rows, n, qh, scale, sh, stride);
-        break;
-    }
+    WithHeadCount(std::min(kMaxHeadsPerPass, group - h0), [&](auto heads) {
+      ScoresPass<decltype(heads)::value>(fmt, rows, n, qh, scale, sh, stride);
+    });
   }
 }
 
@@ -251,32 +253,9 @@ HWY_INLINE void AccumulateV(const Fmt& fmt, const uint8_t* rows, int64_t n, cons
   for (int64_t h0 = 0; h0 < group; h0 += kMaxHeadsPerPass) {
     const float* ph = p + h0 * stride;
     float* ah = acc + h0 * fmt.head_dim;
-    switch (std::min(kMaxHeadsPerPass, group - h0)) {
-      case 1:
-        AccumulatePass<1>(fmt, rows, n, ph, stride, ah);
-        break;
-      case 2:
-        AccumulatePass<2>(fmt, rows, n, ph, stride, ah);
-        break;
-      case 3:
-        AccumulatePass<3>(fmt, rows, n, ph, stride, ah);
-        break;
-      case 4:
-        AccumulatePass<4>(fmt, rows, n, ph, stride, ah);
-        break;
-      case 5:
-        AccumulatePass<5>(fmt, rows, n, ph, stride, ah);
-        break;
-      case 6:
-        AccumulatePass<6>(fmt, rows, n, ph, stride, ah);
-        break;
-      case 7:
-        AccumulatePass<7>(fmt, rows, n, ph, stride, ah);
-        break;
-      default:
-        AccumulatePass<8>(fmt, rows, n, ph, stride, ah);
-        break;
-    }
+    WithHeadCount(std::min(kMaxHeadsPerPass, group - h0), [&](auto heads) {
+      AccumulatePass<decltype(heads)::value>(fmt, rows, n, ph, stride, ah);
+    });
   }
 }
 

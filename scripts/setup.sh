@@ -13,7 +13,7 @@ DEPS="$ROOT/.deps"
 STAMP="$DEPS/.setup-stamp"
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git ca-certificates curl
+  build-essential cmake ninja-build pkg-config git ca-certificates curl ccache
   clang libclang-rt-14-dev clang-format
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libopenblas-openmp-dev libopenblas0-openmp
@@ -33,7 +33,7 @@ NPM_PACKAGES=(
 DEB_TEXT_PACKAGES=(golang-github-pierrec-lz4-dev golang-1.19-src)
 
 # Bumped whenever the lists above change so old .deps folders are refreshed.
-SETUP_VERSION=2
+SETUP_VERSION=3
 
 need_setup() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SETUP_VERSION" ] || return 0

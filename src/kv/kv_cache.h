@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "base/status.h"
+#include "ops/rope.h"
 
 namespace kvq {
 
@@ -19,6 +21,10 @@ struct KvShape {
   int64_t num_heads = 0;     // query heads
   int64_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (grouped-query attention)
   int64_t head_dim = 0;
+  // The model's RoPE, for caches that store K before RoPE and apply it after
+  // decoding (KVQuant). Empty inv_freq: unknown (such caches then refuse).
+  ops::RopeLayout rope_layout = ops::RopeLayout::kHalves;
+  std::vector<float> rope_inv_freq;  // [head_dim / 2]
 };
 
 // Memory accounting a server's /metrics (and `kvq generate`) reads.

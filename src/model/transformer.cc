@@ -125,7 +125,10 @@ StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int
 
 KvShape Transformer::kv_shape() const {
   const ModelConfig& c = config();
-  return KvShape{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
+  KvShape shape{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
+  shape.rope_layout = rope_layout_;
+  shape.rope_inv_freq = inv_freq_;
+  return shape;
 }
 
 int64_t Transformer::WeightBytesPerToken() const {

@@ -108,22 +108,25 @@ TEST(OpenAiApiTest, ParsesLogprobs) {
   EXPECT_EQ(r.logprobs, 0);
   ASSERT_TRUE(ParseCompletionRequest(R"({"model":"m","prompt":"x"})", false, &r, &e));
   EXPECT_EQ(r.logprobs, -1);
-  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"hi"}])";
-  ASSERT_TRUE(
-      ParseCompletionRequest(chat + R"(,"logprobs":true,"top_logprobs":20})", true, &r, &e));
+  // A chat body with `extra` fields appended.
+  auto chat = [](std::string_view extra) {
+    std::string body = R"({"model":"m","messages":[{"role":"user","content":"hi"}])";
+    body.append(extra);
+    return body;
+  };
+  ASSERT_TRUE(ParseCompletionRequest(chat(R"(,"logprobs":true,"top_logprobs":20})"), true, &r, &e));
   EXPECT_EQ(r.logprobs, 20);
-  ASSERT_TRUE(ParseCompletionRequest(chat + R"(,"logprobs":true})", true, &r, &e));
+  ASSERT_TRUE(ParseCompletionRequest(chat(R"(,"logprobs":true})"), true, &r, &e));
   EXPECT_EQ(r.logprobs, 0);
-  ASSERT_TRUE(ParseCompletionRequest(chat + R"(,"logprobs":false})", true, &r, &e));
+  ASSERT_TRUE(ParseCompletionRequest(chat(R"(,"logprobs":false})"), true, &r, &e));
   EXPECT_EQ(r.logprobs, -1);
 
   EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","logprobs":-1})").param, "logprobs");
   EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","logprobs":true})").param, "logprobs");
   EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","logprobs":2,"echo":true})").param, "echo");
-  EXPECT_EQ(ParseError(chat + R"(,"logprobs":3})", true).param, "logprobs");
-  EXPECT_EQ(ParseError(chat + R"(,"top_logprobs":3})", true).param, "top_logprobs");
-  EXPECT_EQ(ParseError(chat + R"(,"logprobs":true,"top_logprobs":21})", true).param,
-            "top_logprobs");
+  EXPECT_EQ(ParseError(chat(R"(,"logprobs":3})"), true).param, "logprobs");
+  EXPECT_EQ(ParseError(chat(R"(,"top_logprobs":3})"), true).param, "top_logprobs");
+  EXPECT_EQ(ParseError(chat(R"(,"logprobs":true,"top_logprobs":21})"), true).param, "top_logprobs");
 }
 
 // "é" is two bytes and one character; a token may also hold part of one.
@@ -189,14 +192,14 @@ TEST(OpenAiApiTest, ChatLogprobsInTheChatForm) {
 // The parser never crashes on arbitrary bytes or mutated valid bodies.
 TEST(OpenAiApiTest, RandomBytesAndMutationsNeverCrash) {
   std::mt19937 rng(11);
-  const std::string valid =
-      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stop":["x"]})";
+  // Valid bodies to mutate: chat, completion and chat with log probabilities.
+  const std::string valid[] = {
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stop":["x"]})",
+      R"({"model":"m","prompt":"hi","logprobs":5,"echo":false,"max_tokens":3})",
+      R"({"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":true,)"
+      R"("top_logprobs":3})"};
   for (int i = 0; i < 20000; ++i) {
-    std::string body = (i % 4) < 2 ? valid
-                       : (i % 4) == 2
-                           ? R"({"model":"m","prompt":"hi","logprobs":5,"echo":false})"
-                           : R"({"model":"m","messages":[{"role":"user","content":"a"}],)"
-                             R"("logprobs":true,"top_logprobs":3})";
+    std::string body = valid[i % 3];
     const int edits = 1 + static_cast<int>(rng() % 6);
     for (int k = 0; k < edits; ++k) {
       const size_t at = rng() % body.size();
@@ -211,7 +214,7 @@ TEST(OpenAiApiTest, RandomBytesAndMutationsNeverCrash) {
           body.insert(at, 1, static_cast<char>(rng()));
           break;
       }
-      if (body.empty()) body = "{";
+      if (body.empty()) body.push_back('{');
     }
     CompletionRequest r;
     ApiError e;

@@ -54,6 +54,10 @@ Status Scheduler::Validate(const ServeRequest& request) const {
   }
   // A request that alone outgrows the cache could never finish: preempting
   // others would not help it.
+  if (request.logprobs > vocab_) {
+    return Status::Error("logprobs asks for " + std::to_string(request.logprobs) +
+                         " alternatives; the vocabulary has " + std::to_string(vocab_) + " tokens");
+  }
   const int64_t blocks = BlocksFor(prompt + request.max_tokens);
   const int64_t total = blocks_total_;
   if (blocks > total) {
@@ -101,6 +105,8 @@ void Scheduler::Finish(Sequence& s, const std::string& reason, const std::string
   s.held.clear();
   event.prompt_tokens = static_cast<int64_t>(s.request.prompt.size());
   event.completion_tokens = s.generated;
+  event.logprobs = std::move(s.logprobs);
+  s.logprobs.clear();
   s.channel->Push(std::move(event));
   finish_log_.push_back(reason);
 }
@@ -164,6 +170,9 @@ bool Scheduler::AcceptToken(Sequence& s, const float* logits, StepReport* report
   ++s.generated;
   ++report->generated_tokens;
   s.tokens.push_back(token);
+  if (s.request.logprobs >= 0) {
+    s.logprobs.push_back(ComputeTokenLogprob(logits, vocab_, token, s.request.logprobs));
+  }
   s.held += tokenizer_.Decode(std::span<const int32_t>(&token, 1));
   for (const std::string& stop : s.request.stop) {
     const size_t at = s.held.find(stop);
@@ -182,10 +191,14 @@ bool Scheduler::AcceptToken(Sequence& s, const float* logits, StepReport* report
   const size_t keep = s.max_stop_bytes > 0 ? s.max_stop_bytes - 1 : 0;
   size_t ready = s.held.size() > keep ? s.held.size() - keep : 0;
   ready = CompleteUtf8Prefix(std::string_view(s.held).substr(0, ready));
-  if (ready > 0) {
+  // With log probabilities every token gets its event, even with no text
+  // ready, so a stream carries each token's entry as soon as it exists.
+  if (ready > 0 || !s.logprobs.empty()) {
     RequestEvent event;
     event.text = s.held.substr(0, ready);
     s.held.erase(0, ready);
+    event.logprobs = std::move(s.logprobs);
+    s.logprobs.clear();
     s.channel->Push(std::move(event));
   }
   return false;

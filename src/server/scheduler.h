@@ -97,6 +97,7 @@ class Scheduler {
     int64_t computed = 0;         // tokens of `tokens` stored in the cache
     int64_t generated = 0;
     std::string held;  // decoded text not yet sent (incomplete UTF-8 or a possible stop prefix)
+    std::vector<TokenLogprob> logprobs;  // sampled since the last event (request.logprobs >= 0)
     size_t max_stop_bytes = 0;
     Clock::time_point arrival, last_token;
     bool in_cache = false;

@@ -481,12 +481,12 @@ StatusOr<std::string> RenderStudyReportHtml(const json& study) {
     return Status::Error("study: kvq_study_version must be 1 (this report reads version 1), got " +
                          (version ? std::to_string(*version) : std::string("none")));
   }
-  const std::vector<ChartLibrary> libraries = EmbeddedChartLibraries();
-  for (const ChartLibrary& library : libraries) KVQ_RETURN_IF_ERROR(CheckInlinable(library));
   KVQ_ASSIGN_OR_RETURN(std::vector<StudyChart> charts, BuildStudyCharts(study));
   KVQ_ASSIGN_OR_RETURN(std::string header, Header(study));
   KVQ_ASSIGN_OR_RETURN(std::string schemes_table, SchemesTable(study));
   KVQ_ASSIGN_OR_RETURN(std::string outlier_table, OutlierTable(study));
+  const std::vector<ChartLibrary> libraries = EmbeddedChartLibraries();
+  for (const ChartLibrary& library : libraries) KVQ_RETURN_IF_ERROR(CheckInlinable(library));
 
   std::string model_name;
   KVQ_ASSIGN_OR_RETURN(const json* model, ObjectMember(study, "model", ""));

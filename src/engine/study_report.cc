@@ -392,7 +392,40 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 #kvq-status.good { background: #e8f5e9; } #kvq-status.bad { background: #fde0dc; }
 #kvq-errors { color: #b00; font-size: 0.85em; } #kvq-errors:empty { display: none; }
 footer { margin-top: 3em; color: #666; font-size: 0.85em; }
+footer pre { white-space: pre-wrap; max-width: 80ch; }
 )css";
+
+// The embedded bundles are redistributed in every report, so the page carries
+// their notice (BSD-3-Clause, clause 2). The text is the packages' LICENSE.
+constexpr const char* kChartLibraryLicense =
+    R"txt(Copyright (c) 2015, University of Washington Interactive Data Lab.
+All rights reserved.
+
+Redistribution and use in source and binary forms, with or without
+modification, are permitted provided that the following conditions are met:
+
+1. Redistributions of source code must retain the above copyright notice, this
+   list of conditions and the following disclaimer.
+
+2. Redistributions in binary form must reproduce the above copyright notice,
+   this list of conditions and the following disclaimer in the documentation
+   and/or other materials provided with the distribution.
+
+3. Neither the name of the copyright holder nor the names of its contributors
+  may be used to endorse or promote products derived from this software
+  without specific prior written permission.
+
+THIS SOFTWARE IS PROVIDED BY THE COPYRIGHT HOLDERS AND CONTRIBUTORS "AS IS"
+AND ANY EXPRESS OR IMPLIED WARRANTIES, INCLUDING, BUT NOT LIMITED TO, THE
+IMPLIED WARRANTIES OF MERCHANTABILITY AND FITNESS FOR A PARTICULAR PURPOSE ARE
+DISCLAIMED. IN NO EVENT SHALL THE COPYRIGHT OWNER OR CONTRIBUTORS BE LIABLE
+FOR ANY DIRECT, INDIRECT, INCIDENTAL, SPECIAL, EXEMPLARY, OR CONSEQUENTIAL
+DAMAGES (INCLUDING, BUT NOT LIMITED TO, PROCUREMENT OF SUBSTITUTE GOODS OR
+SERVICES; LOSS OF USE, DATA, OR PROFITS; OR BUSINESS INTERRUPTION) HOWEVER
+CAUSED AND ON ANY THEORY OF LIABILITY, WHETHER IN CONTRACT, STRICT LIABILITY,
+OR TORT (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
+OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
+)txt";
 
 Status CheckInlinable(const ChartLibrary& library) {
   if (library.js.empty()) {
@@ -533,7 +566,13 @@ StatusOr<std::string> RenderStudyReportHtml(const json& study) {
     html += std::string(i ? ", " : "") + EscapeHtml(libraries[i].name) + " " +
             EscapeHtml(libraries[i].version);
   }
-  html += " (BSD-3-Clause, embedded in this page; it needs no network).</footer>\n";
+  html +=
+      " (BSD-3-Clause), embedded in this page, which needs no network.\n<details><summary>Licenses "
+      "of the embedded chart libraries</summary>\n<pre>" +
+      EscapeHtml(kChartLibraryLicense) +
+      "</pre>\n<p>The bundles also contain permissively licensed code of their own dependencies "
+      "(for example d3 modules and semver: ISC; fast-json-patch and fast-deep-equal: MIT), "
+      "whose notices the bundles keep.</p>\n</details>\n</footer>\n";
   for (const ChartLibrary& library : libraries) {
     html += "<script>/* " + std::string(library.name) + " " + std::string(library.version) +
             " */\n" + std::string(library.js) + "\n</script>\n";

@@ -4,12 +4,14 @@
 # error or warning recorded by the page, a non-blank screenshot.
 #
 #   chromium_report_test.sh [--chromium PATH] [--render RENDERER] INPUT
+#   chromium_report_test.sh [--chromium PATH] --report-cmd "COMMAND WORDS"
 #
-# INPUT is either a report (.html, e.g. from `kvq study --quick --report
-# out.html`), checked as it is, or a study JSON (.json), rendered first with
-# RENDERER (render_study_report STUDY.json OUT.html). A JSON input is also
-# re-rendered with hostile strings planted in every free-text field, and that
-# page must render identically well with the strings shown as plain text.
+# INPUT is either a report (.html), checked as it is, or a study JSON (.json),
+# rendered first with RENDERER (render_study_report STUDY.json OUT.html). A
+# JSON input is also re-rendered with hostile strings planted in every
+# free-text field, and that page must pass the same checks with the strings
+# shown as plain text. --report-cmd runs COMMAND WORDS with the report path
+# appended (e.g. "kvq study --quick --report") and checks what it wrote.
 #
 # Chromium runs bounded (timeout), with a throw-away profile, no extensions,
 # no background networking; the page's Content Security Policy forbids any
@@ -20,15 +22,23 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHROMIUM=$(command -v chromium || true)
 RENDER=""
+REPORT_CMD=""
 while [ $# -gt 1 ]; do
   case "$1" in
     --chromium) CHROMIUM=$2; shift 2 ;;
     --render) RENDER=$2; shift 2 ;;
+    --report-cmd) REPORT_CMD=$2; shift 2 ;;
     *) break ;;
   esac
 done
-[ $# -eq 1 ] || { sed -n '2,18p' "$0"; exit 2; }
-INPUT=$1
+if [ -n "$REPORT_CMD" ] && [ $# -eq 0 ]; then
+  INPUT=--report-cmd
+elif [ -z "$REPORT_CMD" ] && [ $# -eq 1 ]; then
+  INPUT=$1
+else
+  sed -n '2,20p' "$0"
+  exit 2
+fi
 if [ -z "$CHROMIUM" ] || [ ! -x "$CHROMIUM" ]; then
   echo "SKIP: chromium not found (scripts/setup.sh installs Debian's chromium)"
   exit 77
@@ -97,6 +107,11 @@ check_html() {
 }
 
 case "$INPUT" in
+  --report-cmd)
+    read -ra words <<<"$REPORT_CMD"
+    "${words[@]}" "$WORK/report.html"
+    check_html report "$WORK/report.html"
+    ;;
   *.html)
     check_html report "$(realpath "$INPUT")"
     ;;

@@ -189,6 +189,9 @@ Status ValidateStudy(const LoadedModel& model, const std::vector<int32_t>& text_
       return Status::Error("the text has " + std::to_string(n) +
                            " tokens, fewer than the recall context " + std::to_string(c));
     }
+    // The needle and the question must fit (fails for tiny contexts).
+    KVQ_RETURN_IF_ERROR(
+        BuildPasskeyPrompt(model, text_tokens, c - o.recall.answer_tokens, 0.5, "00000").status());
   }
   if (o.schemes.empty()) return Status::Error("no schemes to run");
   if (o.baseline_logits_path.empty()) return Status::Error("internal: no baseline logits path");
@@ -226,7 +229,16 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(t.files()));
   m["k_bias_norms"] = Matrix(bias_norms);
   out["model"] = std::move(m);
-  out["text"] = {{"path", o.text_path}, {"tokens_used", static_cast<int64_t>(tokens.size())}};
+  // tokens_used: the perplexity windows (the text's first windows x context
+  // tokens; the capture reads the first capture_tokens of the same prefix).
+  // Passkey filler comes from seeded offsets anywhere in the text.
+  const int64_t windows = o.chunks > 0 ? std::min<int64_t>(o.chunks, tokens.size() / o.context)
+                                       : static_cast<int64_t>(tokens.size()) / o.context;
+  out["text"] = {{"path", o.text_path},
+                 {"tokens_used", std::max(windows * o.context, o.capture_tokens)},
+                 {"text_tokens", static_cast<int64_t>(tokens.size())},
+                 {"perplexity_windows", windows},
+                 {"perplexity_context", o.context}};
 
   // 1. Capture.
   auto t0 = Clock::now();

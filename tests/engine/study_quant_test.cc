@@ -55,7 +55,9 @@ TEST(StudyQuantTest, AsymmetricErrorWithinHalfStep) {
       const double bound = step / 2 + 5.0 * std::ldexp(1.0, -24);
       for (int64_t i = 0; i < n; ++i) {
         EXPECT_LE(std::fabs(out[i * stride] - x[i * stride]), bound) << bits << " bits, i " << i;
-        if (stride > 1) EXPECT_EQ(out[i * stride + 1], 0.0f);  // elements between are untouched
+        if (stride > 1) {
+          EXPECT_EQ(out[i * stride + 1], 0.0f);  // elements between are untouched
+        }
       }
       // The minimum is level 0 itself, reproduced exactly.
       float out_lo = INFINITY;

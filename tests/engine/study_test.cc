@@ -42,7 +42,7 @@ std::vector<float> ReadF32(const TensorRef& t) {
   return out;
 }
 
-// A tiny random-weight Qwen2 (head_dim 64, 2 KV heads, byte vocabulary: one
+// A tiny random-weight Qwen2 (head_dim 64, 1 KV head, byte vocabulary: one
 // byte = one token), written once per process.
 class StudyTest : public testing::Test {
  protected:
@@ -50,7 +50,12 @@ class StudyTest : public testing::Test {
     auto preset = FindSynthPreset("tiny-qwen2");
     ASSERT_TRUE(preset.ok());
     ModelConfig config = preset->config;
-    config.max_position_embeddings = 96;
+    // head_dim 64 (int2 needs a 32-wide group; rotation a power of two).
+    config.hidden_size = 128;
+    config.num_heads = 2;
+    config.num_kv_heads = 1;
+    config.head_dim = 64;
+    config.max_position_embeddings = 160;
     path_ = new std::string(TempPath("tiny.gguf"));
     SynthOptions options;
     options.seed = 5;
@@ -146,7 +151,7 @@ TEST_F(StudyTest, ChunkedCaptureEqualsOneCall) {
 }
 
 TEST_F(StudyTest, CaptureRejectsTooManyTokens) {
-  EXPECT_FALSE(CaptureKv(model_, Tokens(97), 16).ok());
+  EXPECT_FALSE(CaptureKv(model_, Tokens(161), 16).ok());
   EXPECT_FALSE(CaptureKv(model_, {}, 16).ok());
 }
 
@@ -190,17 +195,19 @@ TEST(StudySchemeSpecTest, ParsesTheThreeForms) {
 
 TEST_F(StudyTest, PasskeyPromptHasTheRequestedLengthAndNeedle) {
   const std::vector<int32_t> filler = Tokens(200);
+  const std::string needle = " The pass key is 48213. Remember it.";
+  const std::string question = " What is the pass key? The pass key is";
+  // Byte vocabulary, no BOS: tokens are bytes, so the filler holds
+  // 150 - |needle| - |question| tokens and the needle starts at depth * that.
+  const int64_t n_filler = 150 - static_cast<int64_t>(needle.size() + question.size());
   for (double depth : {0.0, 0.5, 1.0}) {
     auto p = BuildPasskeyPrompt(model_, filler, 150, depth, "48213");
     ASSERT_TRUE(p.ok()) << p.status().message();
     EXPECT_EQ(p->tokens.size(), 150u);
     const std::string text = model_.tokenizer->Decode(p->tokens);
-    const size_t needle = text.find("The pass key is 48213. Remember it.");
-    ASSERT_NE(needle, std::string::npos);
-    EXPECT_EQ(text.rfind("What is the pass key? The pass key is"),
-              text.size() - std::strlen("What is the pass key? The pass key is"));
-    if (depth == 0.0) EXPECT_LE(needle, 1u);
-    if (depth == 1.0) EXPECT_GT(needle, 100u);
+    ASSERT_EQ(text.size(), 150u);
+    EXPECT_EQ(text.find(needle), static_cast<size_t>(std::llround(depth * n_filler))) << depth;
+    EXPECT_EQ(text.substr(text.size() - question.size()), question);
   }
   EXPECT_FALSE(BuildPasskeyPrompt(model_, filler, 20, 0.5, "48213").ok());       // no room
   EXPECT_FALSE(BuildPasskeyPrompt(model_, Tokens(50), 150, 0.5, "48213").ok());  // text short
@@ -224,9 +231,9 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
   o.capture_tokens = 48;
   o.batch = 16;
   auto schemes = ParseSchemeList("int4,f16,f16/int2+rot", model_.transformer->kv_shape());
-  ASSERT_TRUE(schemes.ok());
+  ASSERT_TRUE(schemes.ok()) << schemes.status().message();
   o.schemes = *schemes;
-  o.recall.contexts = {64, 96};
+  o.recall.contexts = {128, 160};  // the needle and question alone take 74 bytes
   o.recall.depths = {0.0, 1.0};
   o.recall.trials = 1;
   o.baseline_logits_path = TempPath("base.logprobs");
@@ -241,7 +248,7 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
   EXPECT_EQ(j["outliers"]["capture_tokens"], 48);
   ASSERT_EQ(j["outliers"]["layers"].size(), model_.transformer->config().num_layers);
   const auto& l0 = j["outliers"]["layers"][0];
-  EXPECT_EQ(l0["k_pre_rope_channel_absmax"].size(), 2u);
+  EXPECT_EQ(l0["k_pre_rope_channel_absmax"].size(), 1u);  // [kv_heads][head_dim]
   EXPECT_EQ(l0["k_pre_rope_channel_absmax"][0].size(), 64u);
   EXPECT_GT(l0["sink_mass"].get<double>(), 0.0);
   EXPECT_LE(l0["sink_mass"].get<double>(), 1.0);
@@ -273,12 +280,17 @@ TEST_F(StudyTest, RejectsShortTextAndOversizedContext) {
   o.chunks = 2;
   o.capture_tokens = 32;
   o.schemes = *ParseSchemeList("f16", model_.transformer->kv_shape());
-  o.recall.contexts = {64};
+  o.recall.contexts = {128};
   o.baseline_logits_path = TempPath("unused.logprobs");
   auto short_text = RunStudy(model_, Text(50), o);
   ASSERT_FALSE(short_text.ok());
   EXPECT_NE(short_text.status().message().find("tokens"), std::string::npos);
-  o.context = 128;  // above the model's 96
+  o.recall.contexts = {40};  // too short for the needle and the question
+  auto short_recall = RunStudy(model_, Text(400), o);
+  ASSERT_FALSE(short_recall.ok());
+  EXPECT_NE(short_recall.status().message().find("too short"), std::string::npos);
+  o.recall.contexts = {128};
+  o.context = 200;  // above the model's 160
   EXPECT_FALSE(RunStudy(model_, Text(400), o).ok());
 }
 

@@ -163,13 +163,13 @@ Status ValidateStudy(const LoadedModel& model, const std::vector<int32_t>& text_
                      const StudyOptions& o) {
   const int64_t model_context = model.transformer->config().max_position_embeddings;
   const int64_t n = static_cast<int64_t>(text_tokens.size());
-  if (o.capture_tokens < 2 || o.capture_tokens > model_context) {
-    return Status::Error("capture tokens must be in [2, " + std::to_string(model_context) +
-                         "] (the model's context); got " + std::to_string(o.capture_tokens));
-  }
   if (o.context < 4 || o.context % 2 != 0 || o.context > model_context) {
     return Status::Error("--ctx must be even and in [4, " + std::to_string(model_context) +
                          "] (the model's context); got " + std::to_string(o.context));
+  }
+  if (o.capture_tokens < 2 || o.capture_tokens > model_context) {
+    return Status::Error("capture tokens must be in [2, " + std::to_string(model_context) +
+                         "] (the model's context); got " + std::to_string(o.capture_tokens));
   }
   const int64_t need = std::max(o.capture_tokens, o.context * std::max<int64_t>(o.chunks, 1));
   if (n < need) {

@@ -130,8 +130,11 @@ Json SchemeJson(const SchemeResult& r) {
   j["top1_agreement"] = JsonNumber(r.top1_agreement);
   Json recall = Json::array();
   for (const RecallCell& c : r.recall) {
-    recall.push_back(
-        {{"context", c.context}, {"depth", c.depth}, {"correct", c.correct}, {"trials", c.trials}});
+    recall.push_back({{"context", c.context},
+                      {"depth", c.depth},
+                      {"correct", c.correct},
+                      {"trials", c.trials},
+                      {"example_answer", c.example_answer}});
   }
   j["recall"] = std::move(recall);
   j["seconds"] = JsonNumber(r.seconds);

@@ -179,6 +179,7 @@ StatusOr<std::vector<RecallCell>> RunPasskeyRecall(
         KVQ_ASSIGN_OR_RETURN(std::string answer,
                              GreedyAnswer(model, cache, prompt.tokens, options.answer_tokens));
         cell.correct += PasskeyAnswerCorrect(answer, passkey) ? 1 : 0;
+        if (trial == 0) cell.example_answer = answer;
         ++cell.trials;
         if (on_trial) on_trial(++done, total);
       }

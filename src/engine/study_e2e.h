@@ -49,6 +49,7 @@ struct RecallCell {
   double depth = 0;
   int correct = 0;
   int trials = 0;
+  std::string example_answer;  // the first trial's greedy text, to see what the model says
 };
 
 // One passkey prompt: BOS (if the model adds one) + filler with the needle

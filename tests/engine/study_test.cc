@@ -267,6 +267,9 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
   EXPECT_EQ(j["schemes"][0]["compression_vs_f16"].get<double>(), 1.0);
   EXPECT_EQ(j["schemes"][0]["bits_per_value"].get<double>(), 16.0);
   EXPECT_EQ(rot["recall"].size(), 4u);  // 2 contexts x 2 depths
+  EXPECT_TRUE(rot["recall"][0]["example_answer"].is_string());
+  EXPECT_EQ(rot["recall"][3]["context"], 160);
+  EXPECT_EQ(rot["recall"][3]["depth"], 1.0);
   EXPECT_EQ(j["memory"]["series"].size(), 3u);
   EXPECT_EQ(j["memory"]["series"][0]["bytes"].size(), 2u);
   EXPECT_TRUE(fs::exists(o.dump_path));

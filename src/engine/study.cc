@@ -298,9 +298,12 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   Status status = Status::Ok();
   for (size_t i = 0; i < schemes.size() && status.ok(); ++i) {
     const SchemeSpec& spec = schemes[i];
-    auto result = RunSchemeEndToEnd(
-        model, text, filler, spec, e2e, i == 0,
-        [&](const SchemeProgress& p) { report(spec.name, p.stage, p.done, p.total); });
+    auto result =
+        RunSchemeEndToEnd(model, text, filler, spec, e2e, i == 0, [&](const SchemeProgress& p) {
+          report("scheme " + std::to_string(i + 1) + "/" + std::to_string(schemes.size()) + " " +
+                     spec.name,
+                 p.stage, p.done, p.total);
+        });
     if (!result.ok()) {
       status = Status::Error("scheme " + spec.name + ": " + result.status().message());
       break;

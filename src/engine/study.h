@@ -38,7 +38,7 @@ struct StudyOptions {
 };
 
 struct StudyEvent {
-  std::string stage;   // "capture", "outliers", "fake_quant", scheme name
+  std::string stage;   // "capture", "outliers", "fake_quant", "scheme 3/10 int4"
   std::string detail;  // e.g. "perplexity", "recall"
   int64_t done = 0, total = 0;
 };

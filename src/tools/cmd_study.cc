@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -96,18 +97,18 @@ Status CheckFits(const std::string& path, const std::vector<SchemeSpec>& schemes
 
 class Progress {
  public:
-  Progress() : live_(isatty(STDERR_FILENO) != 0) {}
+  Progress() : live_(isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
   void operator()(const StudyEvent& e) {
     const std::string key = e.stage + "/" + e.detail;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     if (live_) {
-      std::fprintf(stderr, "\r\033[K[%s] %s %lld/%lld", e.stage.c_str(), e.detail.c_str(),
-                   (long long)e.done, (long long)e.total);
-    } else if (key != last_ || e.done == e.total) {
+      std::fprintf(stderr, "\r\033[K%6.1f s  [%s] %s %lld/%lld", seconds, e.stage.c_str(),
+                   e.detail.c_str(), (long long)e.done, (long long)e.total);
+    } else if (key != last_ || (e.done == e.total && e.done != 1)) {
       // Logs get one line when a stage starts and one when it ends.
-      if (key != last_ || e.done != 1) {
-        std::fprintf(stderr, "[%s] %s %lld/%lld\n", e.stage.c_str(), e.detail.c_str(),
-                     (long long)e.done, (long long)e.total);
-      }
+      std::fprintf(stderr, "%6.1f s  [%s] %s %lld/%lld\n", seconds, e.stage.c_str(),
+                   e.detail.c_str(), (long long)e.done, (long long)e.total);
     }
     last_ = key;
     std::fflush(stderr);
@@ -118,6 +119,7 @@ class Progress {
 
  private:
   bool live_;
+  std::chrono::steady_clock::time_point start_;
   std::string last_;
 };
 

@@ -39,7 +39,7 @@ NPM_PACKAGES=(
 DEB_TEXT_PACKAGES=(golang-github-pierrec-lz4-dev golang-1.19-src)
 
 # Bumped whenever the lists above change so old .deps folders are refreshed.
-SETUP_VERSION=4
+SETUP_VERSION=5
 
 need_setup() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SETUP_VERSION" ] || return 0
@@ -116,6 +116,14 @@ if [ ! -f "$LLAMA_SRC/CMakeLists.txt" ]; then
   git init -q "$LLAMA_SRC"
   git -C "$LLAMA_SRC" fetch -q "$DEPS/npm/node-llama-cpp-3.22.1/package/llama/gitRelease.bundle"
   git -C "$LLAMA_SRC" -c advice.detachedHead=false checkout -q FETCH_HEAD
+fi
+
+# The corpus (train/valid/test split by whole documents) from the texts above:
+# kvq study and the demo read its held-out test.txt. Deterministic, ~2 s.
+if [ ! -f "$DEPS/corpus/test.txt" ]; then
+  echo "setup: building the corpus (tools/train/build_corpus.py)"
+  /usr/bin/python3 "$ROOT/tools/train/build_corpus.py" "$DEPS" >/dev/null \
+    || { echo "setup: build_corpus.py failed" >&2; exit 1; }
 fi
 
 echo "$SETUP_VERSION" > "$STAMP"

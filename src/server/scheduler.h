@@ -123,6 +123,7 @@ class Scheduler {
   SchedulerOptions options_;
   int64_t vocab_ = 0;
   int64_t blocks_total_ = 0;
+  int64_t sequence_blocks_ = 0;    // charged by the cache at AddSequence (residual windows)
   std::vector<int32_t> stop_ids_;  // EOS and end-of-turn markers
   int64_t next_order_ = 0;
   std::vector<std::unique_ptr<Sequence>> running_;  // ascending order

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvq::RegisterPlanCommand(app, ctx);
   kvq::RegisterServeCommand(app, ctx);
   kvq::RegisterStudyCommand(app, ctx);
+  kvq::RegisterTuneCommand(app, ctx);
   CLI11_PARSE(app, argc, argv);
   return ctx.exit_code;
 }

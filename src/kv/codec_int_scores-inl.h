@@ -36,6 +36,7 @@
 
 #include "hwy/highway.h"
 #include "kv/codec_int_scores.h"
+#include "kv/codec_kernels-inl.h"  // kMaxHeadsPerPass, WithHeadCount
 
 HWY_BEFORE_NAMESPACE();
 namespace kvq::codec {

@@ -54,9 +54,12 @@ inline constexpr bool kByteDot = true;
 // 1.0's AVX3_DL target attributes do not enable avx512vnni intrinsics,
 // although it only selects AVX3_DL on CPUs with AVX512_VNNI.
 HWY_INLINE hn::Vec512<int32_t> DotBytes(hn::Vec512<int32_t> acc, hn::Vec512<int32_t> codes,
-                                        const int32_t* q4) {
+                                        const int8_t* q4) {
   __m512i a = acc.raw;
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(a) : "v"(codes.raw), "m"(*q4));
+  // The 4 bytes at q4 (any alignment) are a broadcast memory operand.
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(a)
+      : "v"(codes.raw), "m"(*reinterpret_cast<const int8_t(*)[4]>(q4)));
   return hn::Vec512<int32_t>{a};
 }
 #else
@@ -82,9 +85,9 @@ HWY_INLINE hn::Vec<RowTagI> MulPairsAdd(hn::Vec<RowTagI> pairs, int32_t word, hn
 #endif
 }
 
-// int32 words per query head: one per (dword, field) with the byte dot
-// (4 q8 bytes), two elsewhere (two int16 pairs).
-inline int64_t QueryWordsPerHead(int64_t dim) { return kByteDot ? dim / 4 : dim / 2; }
+// int32 words per query head on the pair path: two int16 pairs per (code
+// dword, field). The byte dot reads its 4 q8 bytes straight from q8.
+inline int64_t QueryWordsPerHead(int64_t dim) { return dim / 2; }
 
 // Element index of byte 0 of field f of code dword w (codec.h's packing).
 template <int kBits>
@@ -124,9 +127,9 @@ HWY_INLINE void QuantizeQueryHead(const float* HWY_RESTRICT q, int64_t dim, int6
 }
 
 // q8: [heads, dim] -> words: [heads, QueryWordsPerHead(dim)], in the order the
-// kernel reads them: per code dword w and field f, the 4 q8 bytes of elements
-// FieldElement(w, f) + 0..3 (byte dot), or the int16 pairs (e, e + 2) and
-// (e + 1, e + 3) (pair path, matching the code pairs split from the dword).
+// pair path reads them: per code dword w and field f with e = FieldElement(w,
+// f), the int16 pairs (e, e + 2) and (e + 1, e + 3), matching the code pairs
+// split from the dword.
 template <int kBits>
 void BuildQueryWords(const int8_t* HWY_RESTRICT q8, int64_t heads, int64_t dim,
                      int32_t* HWY_RESTRICT words) {
@@ -138,14 +141,10 @@ void BuildQueryWords(const int8_t* HWY_RESTRICT q8, int64_t heads, int64_t dim,
     for (int64_t w = 0; w < dwords; ++w) {
       for (int f = 0; f < kFields; ++f) {
         const int64_t e = FieldElement<kBits>(w, f);
-        if constexpr (kByteDot) {
-          std::memcpy(out++, qh + e, 4);
-        } else {
-          for (int p = 0; p < 2; ++p) {
-            const uint32_t lo = static_cast<uint16_t>(static_cast<int16_t>(qh[e + p]));
-            const uint32_t hi = static_cast<uint16_t>(static_cast<int16_t>(qh[e + p + 2]));
-            *out++ = static_cast<int32_t>(lo | (hi << 16));
-          }
+        for (int p = 0; p < 2; ++p) {
+          const uint32_t lo = static_cast<uint16_t>(static_cast<int16_t>(qh[e + p]));
+          const uint32_t hi = static_cast<uint16_t>(static_cast<int16_t>(qh[e + p + 2]));
+          *out++ = static_cast<int32_t>(lo | (hi << 16));
         }
       }
     }
@@ -178,13 +177,14 @@ struct IntRowLayout {
 };
 
 // Scores (or, with kDotsOnly, the raw group dots) of rows [0, n) for kHeads
-// quantized heads. words: [kHeads, QueryWordsPerHead]; qscale, qsum:
+// quantized heads. q8: [kHeads, dim] (byte dot) or words: [kHeads,
+// QueryWordsPerHead] (pair path); qscale, qsum:
 // [kHeads, groups]. Scores: scores[h * stride + t]; dots: [kHeads, n, groups].
 template <int64_t kHeads, int kBits, bool kSymmetric, bool kDotsOnly>
 HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT rows, int64_t n,
-                             const int32_t* HWY_RESTRICT words, const float* HWY_RESTRICT qscale,
-                             const int32_t* HWY_RESTRICT qsum, float scale,
-                             float* HWY_RESTRICT scores, int64_t stride,
+                             const int8_t* HWY_RESTRICT q8, const int32_t* HWY_RESTRICT words,
+                             const float* HWY_RESTRICT qscale, const int32_t* HWY_RESTRICT qsum,
+                             float scale, float* HWY_RESTRICT scores, int64_t stride,
                              int32_t* HWY_RESTRICT dots) {
   using VI = hn::Vec<RowTagI>;
   using VF = hn::Vec<RowTagF>;
@@ -213,12 +213,13 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
         const VI v = hn::GatherOffset(di, reinterpret_cast<const int32_t*>(base + 4 * w), offsets);
         for (int f = 0; f < kFields; ++f) {
 #if HWY_TARGET == HWY_AVX3_DL
+          (void)per_head;
           VI codes = v;
           if constexpr (kBits < 8) {
             codes = hn::And(hn::ShiftRightSame(v, kBits * f), hn::Set(di, kMask8));
           }
           for (int64_t h = 0; h < kHeads; ++h) {
-            acc[h] = DotBytes(acc[h], codes, words + h * per_head + w * kFields + f);
+            acc[h] = DotBytes(acc[h], codes, q8 + h * L.dim + FieldElement<kBits>(w, f));
           }
 #else
           (void)kMask8;
@@ -292,18 +293,19 @@ void IntDotScores(const IntRowLayout& L, const uint8_t* rows, int64_t n, const f
   QuantizedPass pass;
   for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
     const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
+    const int8_t* q8 = pass.q8;
     if constexpr (kDotsOnly) {
-      BuildQueryWords<kBits>(q8_in + h0 * L.dim, count, L.dim, pass.words);
+      q8 = q8_in + h0 * L.dim;
     } else {
       for (int64_t h = 0; h < count; ++h) {
         QuantizeQueryHead(q + (h0 + h) * L.dim, L.dim, L.group, pass.q8 + h * L.dim,
                           pass.qscale + h * L.groups, pass.qsum + h * L.groups);
       }
-      BuildQueryWords<kBits>(pass.q8, count, L.dim, pass.words);
     }
+    if constexpr (!kByteDot) BuildQueryWords<kBits>(q8, count, L.dim, pass.words);
     WithHeadCount(count, [&](auto k) {
       IntDotPass<decltype(k)::value, kBits, kSymmetric, kDotsOnly>(
-          L, rows, n, pass.words, pass.qscale, pass.qsum, scale,
+          L, rows, n, q8, pass.words, pass.qscale, pass.qsum, scale,
           kDotsOnly ? nullptr : scores + h0 * stride, stride,
           kDotsOnly ? dots + h0 * n * L.groups : nullptr);
     });

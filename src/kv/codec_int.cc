@@ -51,6 +51,7 @@ using IntTag = hn::CappedTag<float, kBits == 2 ? 8 : 16>;
 template <int kBits, bool kSymmetric>
 struct IntFmt {
   using D = IntTag<kBits>;
+  static constexpr int kCodeBits = kBits;
   int64_t head_dim;
   size_t row_bytes;
   int group_shift;  // log2(group)
@@ -258,9 +259,107 @@ void IntGroupDotsImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int6
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// AccumulateV with 16 f32 lanes: one 32-value packing block (two vectors) at
+// a time, rows inner, so each row's codes are loaded once for both vectors
+// and its (scale, offset) broadcast once. int4/int2 decode through a
+// 16-entry table (u * scale + offset for u = 0..15, one MulAdd per row and
+// block, the same fused op DecodeRows uses, so values are bit-identical) and
+// vpermps instead of a convert and a MulAdd per vector. The accumulation
+// order per lane (rows in order, one FMA each) is the generic pass's.
+template <int64_t kHeads, class Fmt>
+HWY_NOINLINE void AccumulateBlocks16(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
+                                     const float* HWY_RESTRICT p, int64_t stride,
+                                     float* HWY_RESTRICT acc) {
+  constexpr int kBits = Fmt::kCodeBits;
+  const hn::Full512<float> df;
+  const hn::Full512<int32_t> di;
+  const hn::Full128<uint8_t> du8x16;
+  const hn::Full256<int32_t> di8;
+  const hn::Full64<uint8_t> du8x8;
+  using VF = hn::Vec<decltype(df)>;
+  const int64_t dim = fmt.head_dim, row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  const int64_t groups = fmt.groups;
+  const VF iota = hn::Iota(df, 0.0f);
+  // int2: lanes 0-7 and 8-15 of a vector hold the same 8 code bytes; these
+  // shifts pick elements 0-15 (fields 0, 1) and 16-31 (fields 2, 3).
+  alignas(64) static constexpr int32_t kShift0[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                      2, 2, 2, 2, 2, 2, 2, 2};
+  alignas(64) static constexpr int32_t kShift1[16] = {4, 4, 4, 4, 4, 4, 4, 4,
+                                                      6, 6, 6, 6, 6, 6, 6, 6};
+  float scales[kAccumulateRowBlock * kMaxParamGroups];   // [rows, groups]
+  float offsets[kAccumulateRowBlock * kMaxParamGroups];  // [rows, groups]
+  for (int64_t t0 = 0; t0 < n; t0 += kAccumulateRowBlock) {
+    const int64_t t1 = std::min(n, t0 + kAccumulateRowBlock);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const ScaleOffset so = fmt.Params(rows + t * row_bytes, g);
+        scales[(t - t0) * groups + g] = so.scale;
+        offsets[(t - t0) * groups + g] = so.offset;
+      }
+    }
+    for (int64_t b = 0; b < dim / 32; ++b) {
+      const int64_t g = (b * 32) >> fmt.group_shift;
+      VF a0[kHeads], a1[kHeads];
+      for (int64_t h = 0; h < kHeads; ++h) {
+        a0[h] = hn::LoadU(df, acc + h * dim + 32 * b);
+        a1[h] = hn::LoadU(df, acc + h * dim + 32 * b + 16);
+      }
+      for (int64_t t = t0; t < t1; ++t) {
+        const VF s = hn::Set(df, scales[(t - t0) * groups + g]);
+        const VF o = hn::Set(df, offsets[(t - t0) * groups + g]);
+        const uint8_t* row = rows + t * row_bytes;
+        VF x0, x1;
+        if constexpr (kBits == 8) {
+          x0 = hn::MulAdd(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8x16, row + 32 * b))), s,
+                          o);
+          x1 = hn::MulAdd(
+              hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8x16, row + 32 * b + 16))), s, o);
+        } else {
+          const VF table = hn::MulAdd(iota, s, o);
+          hn::Vec<decltype(di)> u0, u1;
+          if constexpr (kBits == 4) {
+            const auto raw = hn::PromoteTo(di, hn::LoadU(du8x16, row + 16 * b));
+            u0 = hn::And(raw, hn::Set(di, 0xF));
+            u1 = hn::ShiftRight<4>(raw);
+          } else {
+            const auto half = hn::PromoteTo(di8, hn::LoadU(du8x8, row + 8 * b));
+            const auto raw = hn::Combine(di, half, half);
+            u0 = hn::And(hn::Shr(raw, hn::Load(di, kShift0)), hn::Set(di, 3));
+            u1 = hn::And(hn::Shr(raw, hn::Load(di, kShift1)), hn::Set(di, 3));
+          }
+          x0 = hn::TableLookupLanes(table, hn::IndicesFromVec(df, u0));
+          x1 = hn::TableLookupLanes(table, hn::IndicesFromVec(df, u1));
+        }
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const VF pv = hn::Set(df, p[h * stride + t]);
+          a0[h] = hn::MulAdd(pv, x0, a0[h]);
+          a1[h] = hn::MulAdd(pv, x1, a1[h]);
+        }
+      }
+      for (int64_t h = 0; h < kHeads; ++h) {
+        hn::StoreU(a0[h], df, acc + h * dim + 32 * b);
+        hn::StoreU(a1[h], df, acc + h * dim + 32 * b + 16);
+      }
+    }
+  }
+}
+#endif
+
 void IntAccumulateImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
                        const float* p, int64_t group, int64_t stride, float* acc) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  WithFormat(f, dim, [&](const auto& fmt) {
+    for (int64_t h0 = 0; h0 < group; h0 += kMaxHeadsPerPass) {
+      WithHeadCount(std::min(kMaxHeadsPerPass, group - h0), [&](auto heads) {
+        AccumulateBlocks16<decltype(heads)::value>(fmt, rows, n, p + h0 * stride, stride,
+                                                   acc + h0 * dim);
+      });
+    }
+  });
+#else
   WithFormat(f, dim, [&](const auto& fmt) { AccumulateV(fmt, rows, n, p, group, stride, acc); });
+#endif
 }
 
 }  // namespace HWY_NAMESPACE

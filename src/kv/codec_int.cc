@@ -238,7 +238,7 @@ void IntScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t
 
 void QuantizeQueryImpl(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
                        int32_t* qsum) {
-  QuantizeQueryHead(q, dim, group, q8, qscale, qsum);
+  QuantizeQueryHeads(q, 1, dim, group, q8, qscale, qsum);
 }
 
 // The integer stage does not depend on the symmetry (it only changes the

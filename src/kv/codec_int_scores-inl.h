@@ -98,31 +98,46 @@ HWY_INLINE int64_t FieldElement(int64_t w, int f) {
   return byte / kBlockBytes * 32 + byte % kBlockBytes + f * kFieldStride;
 }
 
-// One query head, per group: q8 [dim], qscale and qsum [dim / group]; the
-// same operations as QuantizeQueryRef.
-HWY_INLINE void QuantizeQueryHead(const float* HWY_RESTRICT q, int64_t dim, int64_t group,
-                                  int8_t* HWY_RESTRICT q8, float* HWY_RESTRICT qscale,
-                                  int32_t* HWY_RESTRICT qsum) {
+// Query heads, per group: q: [heads, dim] -> q8 [heads, dim], qscale and qsum
+// [heads, dim / group] (heads <= kMaxHeadsPerPass); the same operations as
+// QuantizeQueryRef. The two divisions per group run as vector divisions over
+// every (head, group) at once (IEEE division rounds the same either way).
+HWY_INLINE void QuantizeQueryHeads(const float* HWY_RESTRICT q, int64_t heads, int64_t dim,
+                                   int64_t group, int8_t* HWY_RESTRICT q8,
+                                   float* HWY_RESTRICT qscale, int32_t* HWY_RESTRICT qsum) {
   const RowTagF df;
   const RowTagI di;
   const hn::Rebind<int8_t, RowTagI> d8;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t g = 0; g < dim / group; ++g) {
-    const float* qg = q + g * group;
+  const int64_t count = heads * (dim / group);  // (head, group) pairs
+  // [count] rounded up to whole vectors.
+  alignas(64) float absmax[kMaxHeadsPerPass * kMaxParamGroups + 16];
+  alignas(64) float inv[kMaxHeadsPerPass * kMaxParamGroups + 16];
+  for (int64_t k = 0; k < count; ++k) {
+    const float* qg = q + k * group;
     auto vmax = hn::Zero(df);
     for (int64_t i = 0; i < group; i += lanes) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, qg + i)));
-    const float absmax = hn::GetLane(hn::MaxOfLanes(df, vmax));
-    const float qs = absmax / static_cast<float>(kQueryMax);
-    const auto inv = hn::Set(df, qs != 0.0f ? 1.0f / qs : 0.0f);
+    absmax[k] = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  }
+  for (int64_t k = count; k % lanes != 0; ++k) absmax[k] = 0.0f;
+  for (int64_t k = 0; k < count; k += lanes) {
+    const auto qs = hn::Div(hn::Load(df, absmax + k), hn::Set(df, static_cast<float>(kQueryMax)));
+    hn::Store(qs, df, absmax + k);
+    hn::Store(hn::IfThenElseZero(hn::Ne(qs, hn::Zero(df)), hn::Div(hn::Set(df, 1.0f), qs)), df,
+              inv + k);
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    const float* qg = q + k * group;
+    const auto vinv = hn::Set(df, inv[k]);
     auto vsum = hn::Zero(di);
     for (int64_t i = 0; i < group; i += lanes) {
-      auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, qg + i), inv));
+      auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, qg + i), vinv));
       qi = hn::Min(hn::Max(qi, hn::Set(di, -kQueryMax)), hn::Set(di, kQueryMax));
       vsum = hn::Add(vsum, qi);
-      hn::StoreU(hn::DemoteTo(d8, qi), d8, q8 + g * group + i);
+      hn::StoreU(hn::DemoteTo(d8, qi), d8, q8 + k * group + i);
     }
-    qscale[g] = qs;
-    qsum[g] = hn::GetLane(hn::SumOfLanes(di, vsum));
+    qscale[k] = absmax[k];
+    qsum[k] = hn::GetLane(hn::SumOfLanes(di, vsum));
   }
 }
 
@@ -297,10 +312,7 @@ void IntDotScores(const IntRowLayout& L, const uint8_t* rows, int64_t n, const f
     if constexpr (kDotsOnly) {
       q8 = q8_in + h0 * L.dim;
     } else {
-      for (int64_t h = 0; h < count; ++h) {
-        QuantizeQueryHead(q + (h0 + h) * L.dim, L.dim, L.group, pass.q8 + h * L.dim,
-                          pass.qscale + h * L.groups, pass.qsum + h * L.groups);
-      }
+      QuantizeQueryHeads(q + h0 * L.dim, count, L.dim, L.group, pass.q8, pass.qscale, pass.qsum);
     }
     if constexpr (!kByteDot) BuildQueryWords<kBits>(q8, count, L.dim, pass.words);
     WithHeadCount(count, [&](auto k) {

@@ -1,6 +1,6 @@
 // Per-SIMD-target integer Scores for the int8/int4/int2 codecs (the math and
-// the scalar twins are in codec_int_scores.h). Included by codec_int.cc inside
-// its foreach_target loop, after codec_kernels-inl.h.
+// the scalar twins' declarations are in codec_int_scores.h). Included by
+// codec_int.cc inside its foreach_target loop (Highway's -inl.h toggle).
 //
 // Layout of the work: one vector lane per cache row (token). Each code dword
 // (4 bytes at the same offset of every row) is gathered across the rows of a

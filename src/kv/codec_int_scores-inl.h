@@ -92,10 +92,12 @@ inline int64_t QueryWordsPerHead(int64_t dim) { return dim / 2; }
 // Element index of byte 0 of field f of code dword w (codec.h's packing).
 template <int kBits>
 HWY_INLINE int64_t FieldElement(int64_t w, int f) {
-  constexpr int64_t kBlockBytes = 4 * kBits;  // one 32-value block
-  constexpr int64_t kFieldStride = 32 / (8 / kBits);
-  const int64_t byte = 4 * w;
-  return byte / kBlockBytes * 32 + byte % kBlockBytes + f * kFieldStride;
+  constexpr uint64_t kBlockBytes = 4 * kBits;  // one 32-value block (a power of 2)
+  constexpr uint64_t kFieldStride = 32 / (8 / kBits);
+  // Unsigned: w >= 0, and / and % by a power of 2 become a shift and a mask.
+  const uint64_t byte = 4 * static_cast<uint64_t>(w);
+  return static_cast<int64_t>(byte / kBlockBytes * 32 + byte % kBlockBytes +
+                              static_cast<uint64_t>(f) * kFieldStride);
 }
 
 // Query heads, per group: q: [heads, dim] -> q8 [heads, dim], qscale and qsum

@@ -10,6 +10,7 @@
 
 #include "io/tensor.h"
 #include "kv/codec.h"
+#include "kv/kv_policy.h"
 #include "model/model_files.h"
 #include "model/model_presets.h"
 
@@ -59,11 +60,18 @@ StatusOr<PlanModel> LoadPlanModel(const std::string& name_or_path) {
 }
 
 KvShape PlanKvShape(const ModelConfig& config) {
-  return {config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim};
+  KvShape shape{config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim};
+  // Layouts only need the RoPE table's size (pre-RoPE caches check it).
+  if (config.head_dim > 0 && config.head_dim % 2 == 0) {
+    shape.rope_inv_freq.assign(static_cast<size_t>(config.head_dim / 2), 0.0f);
+  }
+  return shape;
 }
 
 StatusOr<int> NominalBits(const std::string& codec_name) {
-  const std::string base = codec_name.substr(0, codec_name.find('-'));
+  const std::string base = codec_name.substr(0, codec_name.find_first_of("-/"));
+  if (base == "kivi2") return 2;
+  if (base == "kivi4") return 4;
   if (base == "f32") return 32;
   if (base == "f16" || base == "bf16") return 16;
   if (base == "fp8_e4m3" || base == "fp8_e5m2" || base == "int8") return 8;
@@ -85,19 +93,28 @@ StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& opti
   plan.rotate = options.rotate;
   // The cache's own parser speaks first: its error lists what this build has.
   KVQ_ASSIGN_OR_RETURN(plan.layout, ComputeKvLayout(shape, options));
-  KVQ_ASSIGN_OR_RETURN(plan.k_bits, NominalBits(options.k_type));
-  KVQ_ASSIGN_OR_RETURN(plan.v_bits, NominalBits(options.v_type));
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layers,
+                       ResolveKvLayerTypes(options, shape.num_layers));
   const double tokens = static_cast<double>(plan.layout.block_tokens);
-  plan.k_bytes_per_token_layer = shape.num_kv_heads * plan.layout.k_tile_bytes / tokens;
-  plan.v_bytes_per_token_layer = shape.num_kv_heads * plan.layout.v_tile_bytes / tokens;
-  plan.nominal_bytes_per_token = NominalKvBytesPerToken(shape, plan.k_bits, plan.v_bits);
+  plan.k_bits = plan.v_bits = 64;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    KVQ_ASSIGN_OR_RETURN(const int k_bits, NominalBits(layers[l].k_type));
+    KVQ_ASSIGN_OR_RETURN(const int v_bits, NominalBits(layers[l].v_type));
+    plan.k_bits = std::min(plan.k_bits, k_bits);
+    plan.v_bits = std::min(plan.v_bits, v_bits);
+    plan.nominal_bytes_per_token +=
+        NominalKvBytesPerToken(shape, k_bits, v_bits) / static_cast<double>(shape.num_layers);
+    const KvLayerLayout& tiles = plan.layout.layers[l];
+    plan.k_bytes_per_token_layer +=
+        shape.num_kv_heads * tiles.k_tile_bytes / tokens / static_cast<double>(shape.num_layers);
+    plan.v_bytes_per_token_layer +=
+        shape.num_kv_heads * tiles.v_tile_bytes / tokens / static_cast<double>(shape.num_layers);
+  }
   return plan;
 }
 
 double ExactKvBytes(const KvLayout& layout, int64_t batch, int64_t tokens) {
-  const int64_t blocks = (tokens + layout.block_tokens - 1) / layout.block_tokens;
-  return static_cast<double>(batch) * static_cast<double>(blocks) *
-             static_cast<double>(layout.block_bytes) +
+  return static_cast<double>(batch) * static_cast<double>(layout.SequenceBytes(tokens)) +
          static_cast<double>(layout.side_bytes);
 }
 
@@ -114,11 +131,13 @@ FitAnswer PlanFit(const KvLayout& layout, double weight_bytes, double memory_byt
   const double room = memory_bytes - weight_bytes - static_cast<double>(layout.side_bytes);
   const double block = static_cast<double>(layout.block_bytes);
   if (room > 0 && block > 0 && batch > 0) {
-    a.max_context = static_cast<int64_t>(std::floor(room / (block * batch))) * layout.block_tokens;
+    // Each sequence first pays its staging blocks (residual windows, sinks).
+    const double blocks = std::floor(room / (block * batch)) - layout.staging_blocks;
+    a.max_context = std::max<int64_t>(0, static_cast<int64_t>(blocks)) * layout.block_tokens;
   }
-  const int64_t blocks_per_seq = (context + layout.block_tokens - 1) / layout.block_tokens;
-  if (room > 0 && block > 0 && blocks_per_seq > 0) {
-    a.max_batch = static_cast<int64_t>(std::floor(room / (block * blocks_per_seq)));
+  const double sequence_bytes = static_cast<double>(layout.SequenceBytes(context));
+  if (room > 0 && sequence_bytes > 0) {
+    a.max_batch = static_cast<int64_t>(std::floor(room / sequence_bytes));
   }
   return a;
 }
@@ -141,8 +160,8 @@ std::vector<std::string> PlanWarnings(const PlanModel& model, int k_bits, int v_
 }
 
 std::vector<std::string> DefaultPlanTypes() {
-  return {"f32",       "f16",  "bf16",         "fp8_e4m3",  "fp8_e5m2", "int8",
-          "int8-g128", "int4", "int4-g32-sym", "int4-g128", "int2",     "int2-g128"};
+  return {"f32",  "f16",          "bf16",      "fp8_e4m3", "fp8_e5m2",  "int8",  "int8-g128",
+          "int4", "int4-g32-sym", "int4-g128", "int2",     "int2-g128", "kivi4", "kivi2"};
 }
 
 }  // namespace kvq

@@ -35,8 +35,9 @@ StatusOr<PlanModel> LoadPlanModel(const std::string& name_or_path);
 
 KvShape PlanKvShape(const ModelConfig& config);
 
-// Bits per value a codec name promises before any scale or zero-point:
-// f32 32, f16/bf16 16, fp8_* 8, int8 8, int4 4, int2 2; error otherwise.
+// Bits per value a codec or scheme name promises before any scale or
+// zero-point: f32 32, f16/bf16 16, fp8_* 8, int8 8, int4 4, int2 2, kivi2 2,
+// kivi4 4; error otherwise.
 StatusOr<int> NominalBits(const std::string& codec_name);
 
 // Decimal bytes per token as papers quote them: K and V, every layer.
@@ -45,7 +46,7 @@ double NominalKvBytesPerToken(const KvShape& shape, int k_bits, int v_bits);
 struct KvTypePlan {
   std::string k_type, v_type;  // as given
   bool rotate = false;
-  int k_bits = 0, v_bits = 0;  // nominal
+  int k_bits = 0, v_bits = 0;  // nominal (the fewest of any layer under a policy)
   KvLayout layout;             // exact
   // Exact bytes per token of one layer (all KV heads, tile padding included),
   // K and V separately.

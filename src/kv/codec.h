@@ -59,13 +59,53 @@ namespace kvq {
 
 inline constexpr int64_t kMaxCodecHeadDim = 1024;
 
+// How the cache feeds a codec over time (docs/ARCHITECTURE.md, "Streaming").
+// Tokens the cache has not encoded yet stay in f16 (the residual, KIVI's
+// full-precision window); whenever keep_tokens + flush_tokens of them are
+// waiting it encodes the oldest flush_tokens. So:
+//   plain per-token codec      keep 0, flush 1: every token encoded at once;
+//   per-token with -rN         keep N, flush 1: exactly the newest N in f16
+//                              (KIVI's values);
+//   per-channel (-cG) with -rN keep 0, flush N (a multiple of G): up to N - 1
+//                              in f16, all N quantized together once N have
+//                              arrived (KIVI's keys); without -rN, flush G.
+// The rule depends only on token counts, so appending one token at a time or
+// all at once leaves the same state (the cache rounds every input to f16
+// first, so the values are the same too).
+struct KvStreaming {
+  int64_t tile_tokens = 1;   // Encode/Decode take whole tiles of this many rows
+  int64_t keep_tokens = 0;   // newest tokens kept unencoded (f16)
+  int64_t flush_tokens = 1;  // encoded together, oldest first
+  int64_t sink_tokens = 0;   // first tokens also kept in f16; attention reads those (-sN)
+  bool pre_rope = false;     // K encoded before RoPE; attention applies RoPE after decoding
+  bool Plain() const {
+    return tile_tokens == 1 && keep_tokens == 0 && flush_tokens == 1 && sink_tokens == 0 &&
+           !pre_rope;
+  }
+  // Unencoded tokens the cache must hold at once (0 for a plain codec).
+  int64_t ResidualCapacity() const { return Plain() ? 0 : keep_tokens + flush_tokens; }
+  // Tokens encoded once `length` tokens have been appended.
+  int64_t EncodedAt(int64_t length) const {
+    if (length < keep_tokens + flush_tokens) return 0;
+    return length - keep_tokens - (length - keep_tokens) % flush_tokens;
+  }
+};
+
 class KvCodec {
  public:
   virtual ~KvCodec() = default;
 
-  // Canonical name, e.g. "int4-g32-asym"; ParseKvCodec(Name()) gives the same codec.
-  virtual std::string Name() const = 0;
+  // Canonical name, e.g. "int4-g32-asym" or "int2-c32-r128";
+  // ParseKvCodec(Name()) gives the same codec.
+  std::string Name() const { return FormatName() + streaming_suffix_; }
   int64_t head_dim() const { return head_dim_; }
+  const KvStreaming& streaming() const { return streaming_; }
+  // Set by ParseKvCodec from the name's -rN / -sN options (with the suffix
+  // they add to Name()).
+  void SetStreaming(const KvStreaming& streaming, const std::string& suffix) {
+    streaming_ = streaming;
+    streaming_suffix_ = suffix;
+  }
 
   // Bytes one row (one token of one KV head) occupies, scales included.
   virtual size_t RowBytes() const = 0;
@@ -79,7 +119,10 @@ class KvCodec {
   virtual bool NeedsCalibration() const { return false; }
   virtual void Calibrate(const float* /*x*/, int64_t /*n*/) {}
 
-  // x: [n, head_dim] -> rows: n * RowBytes() bytes.
+  // x: [n, head_dim] -> rows: n * RowBytes() bytes. Tile codecs
+  // (streaming().tile_tokens > 1) take whole tiles: n % tile_tokens == 0,
+  // `rows` at a tile start; Decode, Scores and AccumulateV then accept any
+  // prefix of encoded tiles.
   virtual void Encode(const float* x, int64_t n, uint8_t* rows) const = 0;
   // rows -> x: [n, head_dim]. Exact (no rounding beyond the format's own), so
   // the SIMD and reference paths agree bit for bit.
@@ -100,7 +143,11 @@ class KvCodec {
 
  protected:
   explicit KvCodec(int64_t head_dim) : head_dim_(head_dim) {}
+  // The name of the stored format without streaming options.
+  virtual std::string FormatName() const = 0;
   int64_t head_dim_;
+  KvStreaming streaming_;
+  std::string streaming_suffix_;
 };
 
 // Which implementation a codec's methods run: the Highway SIMD kernels
@@ -110,12 +157,19 @@ enum class CodecPath { kSimd, kReference };
 
 // "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2",
 // with integer options as suffixes in any order: "int4-g64", "int4-sym",
-// "int8-g128-sym" (defaults: group 32, asymmetric). Errors name the choices
-// and reject a group size that does not divide head_dim.
+// "int8-g128-sym" (defaults: group 32, asymmetric); "-cG" instead of "-gG"
+// quantizes per channel over tiles of G tokens (KIVI's keys: "int2-c32").
+// Streaming options for any codec: "-rN" residual of N f16 tokens (see
+// KvStreaming; per-channel codecs need N a multiple of G), "-sN" the first N
+// tokens kept in f16. Errors name the choices and reject a group size that
+// does not divide head_dim.
 StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& name, int64_t head_dim,
                                                 CodecPath path = CodecPath::kSimd);
 
-// Canonical names of every codec valid for head_dim (tests, `kvq plan`).
+// Canonical names of every per-token codec valid for head_dim (tests, `kvq plan`).
 std::vector<std::string> AllKvCodecNames(int64_t head_dim);
+// Per-channel codecs and a sample of streaming options (-r, -s, -prerope)
+// valid for head_dim: the tile and streaming tests iterate these.
+std::vector<std::string> AllKvStreamingCodecNames(int64_t head_dim);
 
 }  // namespace kvq

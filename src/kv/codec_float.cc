@@ -322,7 +322,7 @@ class FloatCodec final : public KvCodec {
   FloatCodec(FloatKind kind, int64_t head_dim, CodecPath path)
       : KvCodec(head_dim), kind_(kind), path_(head_dim % 16 == 0 ? path : CodecPath::kReference) {}
 
-  std::string Name() const override {
+  std::string FormatName() const override {
     switch (kind_) {
       case FloatKind::kF32:
         return "f32";

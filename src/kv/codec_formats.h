@@ -32,15 +32,21 @@ float Fp8DecodeRef(uint8_t code, const Fp8Format& f);
 
 // ---- integer groups ----
 struct IntFormat {
-  int bits = 4;            // 8, 4 or 2
-  int64_t group = 32;      // 32, 64 or 128
-  bool symmetric = false;  // sym: scale only; asym: scale + min
+  int bits = 4;              // 8, 4 or 2
+  int64_t group = 32;        // 32, 64 or 128: values per group (tokens per tile if per_channel)
+  bool symmetric = false;    // sym: scale only; asym: scale + min
+  bool per_channel = false;  // codec_channel.cc: one group = one channel over `group` tokens
 
   int64_t Levels() const { return int64_t{1} << bits; }
   int64_t Groups(int64_t head_dim) const { return head_dim / group; }
   size_t CodeBytes(int64_t head_dim) const { return static_cast<size_t>(head_dim * bits / 8); }
+  size_t ParamBytes() const { return symmetric ? 2 : 4; }
+  // Per channel: a tile's parameters (head_dim of them) spread over its
+  // `group` rows; ParseKvCodec checks the division is exact.
   size_t RowBytes(int64_t head_dim) const {
-    return CodeBytes(head_dim) + static_cast<size_t>(Groups(head_dim)) * (symmetric ? 2 : 4);
+    if (per_channel)
+      return CodeBytes(head_dim) + static_cast<size_t>(head_dim) * ParamBytes() / group;
+    return CodeBytes(head_dim) + static_cast<size_t>(Groups(head_dim)) * ParamBytes();
   }
   std::string Name() const;
 };
@@ -72,5 +78,7 @@ void AccumulateVByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n,
 enum class FloatKind { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
 std::unique_ptr<KvCodec> MakeFloatCodec(FloatKind kind, int64_t head_dim, CodecPath path);
 std::unique_ptr<KvCodec> MakeIntCodec(const IntFormat& format, int64_t head_dim, CodecPath path);
+std::unique_ptr<KvCodec> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
+                                          CodecPath path);
 
 }  // namespace kvq::codec

@@ -377,7 +377,7 @@ HWY_EXPORT(QuantizeQueryImpl);
 HWY_EXPORT(IntAccumulateImpl);
 
 std::string IntFormat::Name() const {
-  return "int" + std::to_string(bits) + "-g" + std::to_string(group) +
+  return "int" + std::to_string(bits) + (per_channel ? "-c" : "-g") + std::to_string(group) +
          (symmetric ? "-sym" : "-asym");
 }
 
@@ -519,7 +519,7 @@ class IntCodec final : public KvCodec {
   IntCodec(const IntFormat& format, int64_t head_dim, CodecPath path)
       : KvCodec(head_dim), format_(format), path_(path) {}
 
-  std::string Name() const override { return format_.Name(); }
+  std::string FormatName() const override { return format_.Name(); }
   size_t RowBytes() const override { return format_.RowBytes(head_dim_); }
 
   void Encode(const float* x, int64_t n, uint8_t* rows) const override {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <numeric>
 
 #include "kv/codec.h"
+#include "kv/kv_policy.h"
 #include "kv/paged_cache.h"
 
 namespace kvq {
@@ -24,29 +26,73 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
                          " tokens outside [1, 4096]");
   }
   if (options.max_tokens <= 0) return Status::Error("KV cache: max_tokens must be positive");
-  KVQ_ASSIGN_OR_RETURN(auto k_codec, ParseKvCodec(options.k_type, shape.head_dim));
-  KVQ_ASSIGN_OR_RETURN(auto v_codec, ParseKvCodec(options.v_type, shape.head_dim));
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
+                       ResolveKvLayerTypes(options, shape.num_layers));
   KvLayout layout;
-  layout.block_tokens = options.block_tokens;
   layout.num_layers = shape.num_layers;
   layout.num_kv_heads = shape.num_kv_heads;
-  layout.k_row_bytes = k_codec->RowBytes();
-  layout.v_row_bytes = v_codec->RowBytes();
-  const size_t tokens = static_cast<size_t>(options.block_tokens);
-  layout.k_tile_bytes = RoundUpTo64(tokens * layout.k_row_bytes);
-  layout.v_tile_bytes = RoundUpTo64(tokens * layout.v_row_bytes);
-  const size_t heads = static_cast<size_t>(shape.num_layers * shape.num_kv_heads);
-  layout.block_bytes = static_cast<size_t>(shape.num_layers) * layout.LayerBytes();
-  layout.side_bytes = heads * (k_codec->SideBytes() + v_codec->SideBytes());
-  size_t budget = options.memory_bytes;
-  if (budget == 0) {
-    const int64_t blocks = (options.max_tokens + options.block_tokens - 1) / options.block_tokens;
-    budget = layout.side_bytes + static_cast<size_t>(blocks) * layout.block_bytes;
+  layout.layers.resize(static_cast<size_t>(shape.num_layers));
+  int64_t tile_multiple = 1;
+  size_t side_per_head = 0;
+  const size_t staging_row = static_cast<size_t>(shape.head_dim) * 2;  // one f16 row
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    const KvLayerTypes& types = layer_types[static_cast<size_t>(l)];
+    const std::string where = options.policy.empty() ? "" : " (layer " + std::to_string(l) + ")";
+    auto k_codec = ParseKvCodec(types.k_type, shape.head_dim);
+    if (!k_codec.ok()) return k_codec.status().WithContext("K" + where);
+    auto v_codec = ParseKvCodec(types.v_type, shape.head_dim);
+    if (!v_codec.ok()) return v_codec.status().WithContext("V" + where);
+    const KvStreaming& ks = (*k_codec)->streaming();
+    const KvStreaming& vs = (*v_codec)->streaming();
+    if (vs.pre_rope)
+      return Status::Error("KV cache type '" + types.v_type + "': -prerope is for K");
+    if (ks.pre_rope && options.rotate) {
+      return Status::Error("KV cache type '" + types.k_type +
+                           "': --kv-rotate does not compose with K stored before RoPE");
+    }
+    if (ks.pre_rope && static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
+      return Status::Error("KV cache type '" + types.k_type +
+                           "': storing K before RoPE needs the model's RoPE parameters");
+    }
+    tile_multiple = std::lcm(tile_multiple, std::lcm(ks.tile_tokens, vs.tile_tokens));
+    KvLayerLayout& layer = layout.layers[static_cast<size_t>(l)];
+    layer.k_row_bytes = (*k_codec)->RowBytes();
+    layer.v_row_bytes = (*v_codec)->RowBytes();
+    side_per_head += (*k_codec)->SideBytes() + (*v_codec)->SideBytes();
+    const int64_t staged =
+        ks.ResidualCapacity() + ks.sink_tokens + vs.ResidualCapacity() + vs.sink_tokens;
+    layout.staging_bytes +=
+        static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(staged) * staging_row;
   }
-  if (budget < layout.side_bytes + layout.block_bytes) {
+  layout.block_tokens = (options.block_tokens + tile_multiple - 1) / tile_multiple * tile_multiple;
+  if (layout.block_tokens > 4096) {
+    return Status::Error("KV cache: per-channel groups need blocks of " +
+                         std::to_string(layout.block_tokens) + " tokens (more than 4096)");
+  }
+  const size_t tokens = static_cast<size_t>(layout.block_tokens);
+  size_t offset = 0;
+  for (KvLayerLayout& layer : layout.layers) {
+    layer.k_tile_bytes = RoundUpTo64(tokens * layer.k_row_bytes);
+    layer.v_tile_bytes = RoundUpTo64(tokens * layer.v_row_bytes);
+    layer.offset = offset;
+    offset += static_cast<size_t>(shape.num_kv_heads) * (layer.k_tile_bytes + layer.v_tile_bytes);
+  }
+  layout.k_row_bytes = layout.layers[0].k_row_bytes;
+  layout.v_row_bytes = layout.layers[0].v_row_bytes;
+  layout.k_tile_bytes = layout.layers[0].k_tile_bytes;
+  layout.v_tile_bytes = layout.layers[0].v_tile_bytes;
+  layout.block_bytes = offset;
+  layout.side_bytes = static_cast<size_t>(shape.num_kv_heads) * side_per_head;
+  layout.staging_blocks =
+      static_cast<int64_t>((layout.staging_bytes + layout.block_bytes - 1) / layout.block_bytes);
+  size_t budget = options.memory_bytes;
+  if (budget == 0) budget = layout.side_bytes + layout.SequenceBytes(options.max_tokens);
+  const size_t smallest = layout.side_bytes + layout.SequenceBytes(1);
+  if (budget < smallest) {
     return Status::Error("KV cache: memory budget of " + std::to_string(budget) +
-                         " bytes holds no block (one block is " +
-                         std::to_string(layout.block_bytes) + " bytes)");
+                         " bytes holds no sequence (one block is " +
+                         std::to_string(layout.block_bytes) + " bytes, a sequence needs " +
+                         std::to_string(smallest - layout.side_bytes) + " at least)");
   }
   layout.num_blocks = static_cast<int64_t>((budget - layout.side_bytes) / layout.block_bytes);
   return layout;

@@ -8,20 +8,30 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "kv/kv_cache.h"
 
 namespace kvq {
 
+// The codecs of one layer's K and V.
+struct KvLayerTypes {
+  std::string k_type, v_type;
+};
+
 struct KvCacheOptions {
   std::string k_type = "f16";  // codec name for K (see ParseKvCodec)
   std::string v_type = "f16";  // codec name for V
-  bool rotate = false;         // Hadamard per head on K (and q) and on V (undone on the output)
-  int64_t block_tokens = 16;   // tokens per paged block
-  int64_t max_tokens = 0;      // per-sequence limit (the model's context); required
-  size_t memory_bytes = 0;     // allocator budget; 0 = room for one sequence of max_tokens
-  int num_threads = 0;         // OpenMP threads for Attend (0 = OpenMP's default)
+  // k_type / v_type may also name a scheme ("kivi2": its K or V codec).
+  // Per-layer policy text (--kv-policy, grammar in kv_policy.h); empty =
+  // k_type / v_type in every layer.
+  std::string policy;
+  bool rotate = false;        // Hadamard per head on K (and q) and on V (undone on the output)
+  int64_t block_tokens = 16;  // tokens per paged block
+  int64_t max_tokens = 0;     // per-sequence limit (the model's context); required
+  size_t memory_bytes = 0;    // allocator budget; 0 = room for one sequence of max_tokens
+  int num_threads = 0;        // OpenMP threads for Attend (0 = OpenMP's default)
 };
 
 // Bytes the paged cache allocates, exactly (the planner prints these).
@@ -37,31 +47,56 @@ struct KvCacheOptions {
 // multiple of 4 bytes (every codec kvq ships) the padding is zero.
 // Side data (per codec instance, e.g. an fp8 scale) is allocated once per
 // cache, not per block: side_bytes = layers * kv_heads * (K + V side bytes).
+// With a per-layer policy the layers' tiles differ in size; block_tokens is
+// then rounded up to a multiple of every codec's tile (per-channel groups).
+//
+// Streaming codecs (KvStreaming: residual windows, sinks) also keep f16 rows
+// per sequence: staging_bytes = sum over layers, K and V, KV heads of
+// (residual capacity + sinks) * head_dim * 2. A sequence is charged
+// staging_blocks = ceil(staging_bytes / block_bytes) blocks of the budget for
+// them when it starts, so the budget and the planner count them exactly.
+struct KvLayerLayout {
+  size_t k_row_bytes = 0, v_row_bytes = 0;    // one token of one KV head
+  size_t k_tile_bytes = 0, v_tile_bytes = 0;  // block_tokens rows of one KV head, padded to 64
+  size_t offset = 0;                          // of the layer inside a block
+};
 struct KvLayout {
   int64_t block_tokens = 0;
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
-  size_t k_row_bytes = 0;   // one token of one KV head, K
-  size_t v_row_bytes = 0;   // one token of one KV head, V
-  size_t k_tile_bytes = 0;  // block_tokens K rows of one (layer, KV head), padded to 64
-  size_t v_tile_bytes = 0;  // block_tokens V rows of one (layer, KV head), padded to 64
-  size_t block_bytes = 0;   // one block: every layer, K and V, every KV head, block_tokens tokens
-  size_t side_bytes = 0;    // per-cache side data (e.g. fp8 scales), allocated once
-  int64_t num_blocks = 0;   // blocks that fit memory_bytes after side_bytes
+  // Layer 0's row and tile bytes (every layer's when there is no policy).
+  size_t k_row_bytes = 0;
+  size_t v_row_bytes = 0;
+  size_t k_tile_bytes = 0;
+  size_t v_tile_bytes = 0;
+  std::vector<KvLayerLayout> layers;  // [num_layers]
+  size_t block_bytes = 0;    // one block: every layer, K and V, every KV head, block_tokens tokens
+  size_t side_bytes = 0;     // per-cache side data (e.g. fp8 scales), allocated once
+  size_t staging_bytes = 0;  // per sequence: f16 residual windows and sinks
+  int64_t staging_blocks = 0;  // blocks charged per sequence for staging_bytes
+  int64_t num_blocks = 0;      // blocks that fit memory_bytes after side_bytes
   double BytesPerToken() const { return static_cast<double>(block_bytes) / block_tokens; }
-  size_t LayerBytes() const {
-    return static_cast<size_t>(num_kv_heads) * (k_tile_bytes + v_tile_bytes);
+  // Bytes a sequence of `tokens` tokens holds: its blocks and its staging.
+  size_t SequenceBytes(int64_t tokens) const {
+    const int64_t blocks = (tokens + block_tokens - 1) / block_tokens + staging_blocks;
+    return static_cast<size_t>(blocks) * block_bytes;
+  }
+  size_t LayerBytes(int64_t layer) const {
+    const KvLayerLayout& l = layers[static_cast<size_t>(layer)];
+    return static_cast<size_t>(num_kv_heads) * (l.k_tile_bytes + l.v_tile_bytes);
   }
   // Byte offsets inside a block of the K / V tile of (layer, KV head).
   size_t KTileOffset(int64_t layer, int64_t head) const {
-    return static_cast<size_t>(layer) * LayerBytes() + static_cast<size_t>(head) * k_tile_bytes;
+    const KvLayerLayout& l = layers[static_cast<size_t>(layer)];
+    return l.offset + static_cast<size_t>(head) * l.k_tile_bytes;
   }
   size_t VTileOffset(int64_t layer, int64_t head) const {
-    return static_cast<size_t>(layer) * LayerBytes() +
-           static_cast<size_t>(num_kv_heads) * k_tile_bytes +
-           static_cast<size_t>(head) * v_tile_bytes;
+    const KvLayerLayout& l = layers[static_cast<size_t>(layer)];
+    return l.offset + static_cast<size_t>(num_kv_heads) * l.k_tile_bytes +
+           static_cast<size_t>(head) * l.v_tile_bytes;
   }
 };
+
 
 StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& options);
 

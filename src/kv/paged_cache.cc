@@ -9,7 +9,9 @@
 #include <limits>
 
 #include "kv/hadamard.h"
+#include "kv/kv_policy.h"
 #include "kv/online_softmax.h"
+#include "ops/rope.h"
 
 namespace kvq {
 namespace {
@@ -43,20 +45,33 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
     KVQ_RETURN_IF_ERROR(CheckHadamardDim(shape.head_dim).WithContext("--kv-rotate"));
   }
   auto cache = std::unique_ptr<PagedKvCache>(new PagedKvCache(shape, options, layout));
-  const int64_t instances = shape.num_layers * shape.num_kv_heads;
-  for (int64_t i = 0; i < instances; ++i) {
-    KVQ_ASSIGN_OR_RETURN(auto k_codec, ParseKvCodec(options.k_type, shape.head_dim));
-    KVQ_ASSIGN_OR_RETURN(auto v_codec, ParseKvCodec(options.v_type, shape.head_dim));
-    cache->k_codecs_.push_back(std::move(k_codec));
-    cache->v_codecs_.push_back(std::move(v_codec));
+  std::string layer_names;
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
+                       ResolveKvLayerTypes(options, shape.num_layers));
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    const KvLayerTypes& types = layer_types[static_cast<size_t>(l)];
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+      KVQ_ASSIGN_OR_RETURN(auto k_codec, ParseKvCodec(types.k_type, shape.head_dim));
+      KVQ_ASSIGN_OR_RETURN(auto v_codec, ParseKvCodec(types.v_type, shape.head_dim));
+      cache->any_streaming_ =
+          cache->any_streaming_ || !k_codec->streaming().Plain() || !v_codec->streaming().Plain();
+      cache->k_codecs_.push_back(std::move(k_codec));
+      cache->v_codecs_.push_back(std::move(v_codec));
+    }
+    const std::string k_name = cache->k_codecs_.back()->Name();
+    const std::string v_name = cache->v_codecs_.back()->Name();
+    const std::string name = k_name == v_name ? k_name : "k:" + k_name + "/v:" + v_name;
+    if (l == 0) cache->type_name_ = name;
+    layer_names += (l == 0 ? "" : ",") + name;
   }
-  cache->k_calibrated_.assign(static_cast<size_t>(instances), 0);
-  cache->v_calibrated_.assign(static_cast<size_t>(instances), 0);
+  if (!options.policy.empty()) cache->type_name_ = "policy[" + layer_names + "]";
+  KVQ_ASSIGN_OR_RETURN(cache->f16_codec_, ParseKvCodec("f16", shape.head_dim));
+  KVQ_ASSIGN_OR_RETURN(cache->f32_codec_, ParseKvCodec("f32", shape.head_dim));
+  const size_t instances = cache->k_codecs_.size();
+  cache->k_calibrated_.assign(instances, 0);
+  cache->v_calibrated_.assign(instances, 0);
   KVQ_ASSIGN_OR_RETURN(cache->allocator_,
                        BlockAllocator::Create(layout.block_bytes, layout.num_blocks));
-  const std::string k_name = cache->k_codecs_[0]->Name();
-  const std::string v_name = cache->v_codecs_[0]->Name();
-  cache->type_name_ = k_name == v_name ? k_name : "k:" + k_name + "/v:" + v_name;
   if (options.rotate) cache->type_name_ += "+rot";
   return cache;
 }
@@ -70,9 +85,52 @@ const PagedKvCache::Sequence* PagedKvCache::Find(SeqId seq) const {
   return it == sequences_.end() ? nullptr : &it->second;
 }
 
+const KvStreaming& PagedKvCache::Streaming(int64_t layer, bool is_v) const {
+  const size_t instance = static_cast<size_t>(layer * shape_.num_kv_heads);
+  return (is_v ? v_codecs_ : k_codecs_)[instance]->streaming();
+}
+
+PagedKvCache::Staging& PagedKvCache::StagingOf(Sequence& s, int64_t layer, bool is_v) const {
+  return (is_v ? s.v_staging : s.k_staging)[static_cast<size_t>(layer)];
+}
+const PagedKvCache::Staging& PagedKvCache::StagingOf(const Sequence& s, int64_t layer,
+                                                     bool is_v) const {
+  return (is_v ? s.v_staging : s.k_staging)[static_cast<size_t>(layer)];
+}
+
+Status PagedKvCache::ChargeStaging(Sequence& s) {
+  if (layout_.staging_blocks > allocator_->NumFree()) {
+    return Status::Error(
+        "KV cache out of memory: a sequence's f16 residual windows and sinks take " +
+        std::to_string(layout_.staging_blocks) + " blocks, " +
+        std::to_string(allocator_->NumFree()) + " free (raise --kv-memory)");
+  }
+  for (int64_t i = 0; i < layout_.staging_blocks; ++i) {
+    KVQ_ASSIGN_OR_RETURN(BlockId block, allocator_->Allocate());
+    s.staging_charge.push_back(block);
+  }
+  return Status::Ok();
+}
+
 Status PagedKvCache::AddSequence(SeqId seq) {
   if (Find(seq) != nullptr) return Status::Error(SeqName(seq) + " exists");
-  sequences_[seq].lengths.assign(static_cast<size_t>(shape_.num_layers), 0);
+  Sequence s;
+  s.lengths.assign(static_cast<size_t>(shape_.num_layers), 0);
+  if (any_streaming_) {
+    const size_t row = f16_codec_->RowBytes();
+    const size_t heads = static_cast<size_t>(shape_.num_kv_heads);
+    for (int64_t l = 0; l < shape_.num_layers; ++l) {
+      for (bool is_v : {false, true}) {
+        const KvStreaming& st = Streaming(l, is_v);
+        Staging staging;
+        staging.ring.resize(heads * static_cast<size_t>(st.ResidualCapacity()) * row);
+        staging.sinks.resize(heads * static_cast<size_t>(st.sink_tokens) * row);
+        (is_v ? s.v_staging : s.k_staging).push_back(std::move(staging));
+      }
+    }
+    KVQ_RETURN_IF_ERROR(ChargeStaging(s));
+  }
+  sequences_[seq] = std::move(s);
   return Status::Ok();
 }
 
@@ -80,6 +138,7 @@ void PagedKvCache::ReleaseSequence(SeqId seq) {
   Sequence* s = Find(seq);
   if (s == nullptr) return;
   for (BlockId b : s->blocks) allocator_->Unref(b);
+  for (BlockId b : s->staging_charge) allocator_->Unref(b);
   sequences_.erase(seq);
 }
 
@@ -92,8 +151,10 @@ Status PagedKvCache::Fork(SeqId src, SeqId dst) {
       return Status::Error("fork: " + SeqName(src) + " is in the middle of a forward pass");
     }
   }
-  for (BlockId b : s->blocks) allocator_->Ref(b);
   Sequence copy = *s;
+  copy.staging_charge.clear();
+  if (any_streaming_) KVQ_RETURN_IF_ERROR(ChargeStaging(copy).WithContext("fork"));
+  for (BlockId b : s->blocks) allocator_->Ref(b);
   sequences_[dst] = std::move(copy);
   return Status::Ok();
 }
@@ -105,6 +166,34 @@ Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
   if (length < 0 || length > stored) {
     return Status::Error("truncate: length " + std::to_string(length) + " outside [0, " +
                          std::to_string(stored) + "] for " + SeqName(seq));
+  }
+  if (any_streaming_) {
+    // Tokens that were encoded but would be waiting in the ring at this
+    // length go back into it (decoded, so they keep their quantization error).
+    const int64_t dim = shape_.head_dim;
+    std::vector<float> x;  // [tokens, head_dim]
+    std::vector<uint8_t> half;
+    for (int64_t l = 0; l < shape_.num_layers; ++l) {
+      for (bool is_v : {false, true}) {
+        const KvStreaming& st = Streaming(l, is_v);
+        Staging& staging = StagingOf(*s, l, is_v);
+        if (st.Plain() || staging.encoded <= st.EncodedAt(length)) continue;
+        const int64_t first = st.EncodedAt(length), last = std::min(length, staging.encoded);
+        const int64_t capacity = st.ResidualCapacity();
+        const size_t row = f16_codec_->RowBytes();
+        x.resize(static_cast<size_t>(std::max<int64_t>(0, last - first) * dim));
+        half.resize(static_cast<size_t>(std::max<int64_t>(0, last - first)) * row);
+        for (int64_t h = 0; h < shape_.num_kv_heads && last > first; ++h) {
+          DecodeTokens(*s, l, is_v, h, first, last - first, x.data());
+          f16_codec_->Encode(x.data(), last - first, half.data());
+          for (int64_t p = first; p < last; ++p) {
+            std::memcpy(&staging.ring[(h * capacity + p % capacity) * row],
+                        &half[static_cast<size_t>(p - first) * row], row);
+          }
+        }
+        staging.encoded = first;
+      }
+    }
   }
   const size_t keep =
       static_cast<size_t>((length + layout_.block_tokens - 1) / layout_.block_tokens);
@@ -173,15 +262,6 @@ void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t sta
                               const float* x) {
   const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
   const int64_t bt = layout_.block_tokens;
-  std::vector<float> rotated;  // [n, kv_heads, dim]
-  if (options_.rotate) {
-    rotated.assign(x, x + n * kv_heads * dim);
-    // Create checked the dimension, the only way rotation can fail.
-    const Status rotated_ok = HadamardRotate(rotated.data(), n * kv_heads, dim);
-    assert(rotated_ok.ok());
-    (void)rotated_ok;
-    x = rotated.data();
-  }
   std::vector<float> head_rows(static_cast<size_t>(n * dim));  // [n, dim] of one KV head
   for (int64_t h = 0; h < kv_heads; ++h) {
     for (int64_t t = 0; t < n; ++t) {
@@ -206,7 +286,7 @@ void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t sta
   }
 }
 
-Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* /*k_pre_rope*/,
+Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope,
                             const float* k, const float* v) {
   Sequence* s = Find(seq);
   if (s == nullptr) return Status::Error("append: unknown " + SeqName(seq));
@@ -224,10 +304,74 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* /*
   }
   const int64_t bt = layout_.block_tokens;
   KVQ_RETURN_IF_ERROR(PrepareWrite(*s, start / bt, (start + n - 1) / bt));
-  EncodeRows(*s, layer, /*is_v=*/false, start, n, k);
-  EncodeRows(*s, layer, /*is_v=*/true, start, n, v);
+  const float* k_stored = Streaming(layer, /*is_v=*/false).pre_rope ? k_pre_rope : k;
+  const float* v_stored = v;
+  std::vector<float> k_rotated, v_rotated;  // [n, kv_heads, head_dim]
+  if (options_.rotate) {
+    const int64_t rows = n * shape_.num_kv_heads;
+    k_rotated.assign(k_stored, k_stored + rows * shape_.head_dim);
+    v_rotated.assign(v_stored, v_stored + rows * shape_.head_dim);
+    // Create checked the dimension, the only way rotation can fail.
+    Status rotated_ok = HadamardRotate(k_rotated.data(), rows, shape_.head_dim);
+    rotated_ok = HadamardRotate(v_rotated.data(), rows, shape_.head_dim);
+    assert(rotated_ok.ok());
+    (void)rotated_ok;
+    k_stored = k_rotated.data();
+    v_stored = v_rotated.data();
+  }
+  AppendStreaming(*s, layer, /*is_v=*/false, start, n, k_stored);
+  AppendStreaming(*s, layer, /*is_v=*/true, start, n, v_stored);
   s->lengths[static_cast<size_t>(layer)] += n;
   return Status::Ok();
+}
+
+void PagedKvCache::AppendStreaming(Sequence& s, int64_t layer, bool is_v, int64_t start, int64_t n,
+                                   const float* x) {
+  const KvStreaming& st = Streaming(layer, is_v);
+  if (st.Plain()) return EncodeRows(s, layer, is_v, start, n, x);
+  const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+  const size_t row = f16_codec_->RowBytes();
+  const int64_t capacity = st.ResidualCapacity(), sinks = st.sink_tokens;
+  Staging& staging = StagingOf(s, layer, is_v);
+  // Every input goes through f16 first (the residual's precision), so a token
+  // is encoded from the same values whether it waited in the ring or not.
+  std::vector<uint8_t> half(static_cast<size_t>(n * kv_heads) * row);   // [n, kv_heads] f16 rows
+  std::vector<float> rounded(static_cast<size_t>(n * kv_heads * dim));  // [n, kv_heads, dim]
+  f16_codec_->Encode(x, n * kv_heads, half.data());
+  f16_codec_->Decode(half.data(), n * kv_heads, rounded.data());
+  auto new_row = [&](int64_t p, int64_t h) {
+    return &half[static_cast<size_t>((p - start) * kv_heads + h) * row];
+  };
+  for (int64_t p = start; p < std::min(start + n, sinks); ++p) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      std::memcpy(&staging.sinks[static_cast<size_t>(h * sinks + p) * row], new_row(p, h), row);
+    }
+  }
+  const int64_t total = start + n, encoded_old = staging.encoded;
+  const int64_t encoded_new = st.EncodedAt(total);
+  if (encoded_new > encoded_old) {
+    std::vector<float> due(static_cast<size_t>((encoded_new - encoded_old) * kv_heads * dim));
+    for (int64_t p = encoded_old; p < encoded_new; ++p) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        float* dst = &due[static_cast<size_t>(((p - encoded_old) * kv_heads + h) * dim)];
+        if (p < start) {
+          f16_codec_->Decode(&staging.ring[static_cast<size_t>(h * capacity + p % capacity) * row],
+                             1, dst);
+        } else {
+          std::memcpy(dst, &rounded[static_cast<size_t>(((p - start) * kv_heads + h) * dim)],
+                      dim * sizeof(float));
+        }
+      }
+    }
+    EncodeRows(s, layer, is_v, encoded_old, encoded_new - encoded_old, due.data());
+    staging.encoded = encoded_new;
+  }
+  for (int64_t p = std::max(start, encoded_new); p < total; ++p) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      std::memcpy(&staging.ring[static_cast<size_t>(h * capacity + p % capacity) * row],
+                  new_row(p, h), row);
+    }
+  }
 }
 
 void PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
@@ -289,6 +433,7 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
     std::vector<float> acc(static_cast<size_t>(max_rows * dim));     // [rows, dim]
     std::vector<float> row_max(static_cast<size_t>(max_rows));
     std::vector<float> row_sum(static_cast<size_t>(max_rows));
+    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(max_rows)));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < num_tasks; ++task) {
       const int64_t split = task % splits;
@@ -301,11 +446,6 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
         std::memcpy(&q_rows[(i - i0) * group * dim], q + (i * heads + g * group) * dim,
                     group * dim * sizeof(float));
       }
-      const size_t instance = static_cast<size_t>(layer * kv_heads + g);
-      const KvCodec& k_codec = *k_codecs_[instance];
-      const KvCodec& v_codec = *v_codecs_[instance];
-      const size_t k_offset = layout_.KTileOffset(layer, g);
-      const size_t v_offset = layout_.VTileOffset(layer, g);
       // Query i sees tokens [0, total - n + i]; the tile's last query sees most.
       const int64_t first_visible = total - n + i0 + 1;
       const int64_t visible_end = total - n + i1;
@@ -316,8 +456,8 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
       std::fill_n(acc.begin(), rows * dim, 0.0f);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t t0 = b * bt, count = std::min(bt, visible_end - t0);
-        const uint8_t* block = allocator_->BlockData(s.blocks[static_cast<size_t>(b)]);
-        k_codec.Scores(block + k_offset, count, q_rows.data(), rows, scale, probs.data(), bt);
+        BlockScores(s, layer, g, t0, count, q_rows.data(), rows, scale, probs.data(), bt,
+                    scratch.data());
         const bool masked = t0 + count > first_visible;
         for (int64_t r = 0; r < rows; ++r) {
           float* p = &probs[r * bt];
@@ -329,7 +469,8 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
           }
           OnlineSoftmaxStep(p, valid, &row_max[r], &row_sum[r], &acc[r * dim], dim);
         }
-        v_codec.AccumulateV(block + v_offset, count, probs.data(), rows, bt, acc.data());
+        BlockAccumulateV(s, layer, g, t0, count, probs.data(), rows, bt, acc.data(),
+                         scratch.data());
       }
       if (splits == 1) {
         for (int64_t r = 0; r < rows; ++r) {
@@ -374,6 +515,124 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
   }
 }
 
+int64_t PagedKvCache::ScratchFloats(int64_t rows) const {
+  if (!any_streaming_) return 0;
+  const int64_t bt = layout_.block_tokens;
+  return std::max(bt * shape_.head_dim, rows * bt);
+}
+
+void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
+                               int64_t count, const float* q, int64_t rows, float scale,
+                               float* scores, int64_t stride, float* scratch) const {
+  const KvCodec& codec = *k_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
+  const KvStreaming& st = codec.streaming();
+  const uint8_t* tile =
+      allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
+      layout_.KTileOffset(layer, head);
+  if (st.Plain()) return codec.Scores(tile, count, q, rows, scale, scores, stride);
+  const int64_t dim = shape_.head_dim;
+  // Tokens [first, first + n) stored as n rows of `rows_codec` at `data`.
+  auto score = [&](const KvCodec& rows_codec, const uint8_t* data, int64_t first, int64_t n) {
+    float* out = scores + (first - t0);
+    if (!st.pre_rope) return rows_codec.Scores(data, n, q, rows, scale, out, stride);
+    // K was stored before RoPE: rotate the decoded rows to their positions.
+    rows_codec.Decode(data, n, scratch);  // [n, dim]
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(first + i);
+    ops::Rope(shape_.rope_layout, shape_.rope_inv_freq.data(), positions.data(), n, 1, dim,
+              scratch);
+    f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), n, q, rows, scale, out, stride);
+  };
+  const Staging& staging = StagingOf(s, layer, /*is_v=*/false);
+  const int64_t t1 = t0 + count, sinks = st.sink_tokens, capacity = st.ResidualCapacity();
+  const size_t row = f16_codec_->RowBytes();
+  // Encoded tiles start at the block start (tile codecs need a tile start).
+  const int64_t encoded_end = std::min(t1, staging.encoded);
+  if (encoded_end > t0) score(codec, tile, t0, encoded_end - t0);
+  for (int64_t p = std::max({t0, staging.encoded, sinks}); p < t1;) {
+    const int64_t slot = p % capacity, run = std::min(t1 - p, capacity - slot);
+    score(*f16_codec_, &staging.ring[static_cast<size_t>(head * capacity + slot) * row], p, run);
+    p += run;
+  }
+  // The sinks' f16 rows replace whatever the encoded tile gave them.
+  if (sinks > t0) {
+    score(*f16_codec_, &staging.sinks[static_cast<size_t>(head * sinks + t0) * row], t0,
+          std::min(t1, sinks) - t0);
+  }
+}
+
+void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
+                                    int64_t count, const float* p, int64_t rows, int64_t stride,
+                                    float* acc, float* scratch) const {
+  const KvCodec& codec = *v_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
+  const KvStreaming& st = codec.streaming();
+  const uint8_t* tile =
+      allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
+      layout_.VTileOffset(layer, head);
+  if (st.Plain()) return codec.AccumulateV(tile, count, p, rows, stride, acc);
+  const Staging& staging = StagingOf(s, layer, /*is_v=*/true);
+  const int64_t t1 = t0 + count, sinks = st.sink_tokens, capacity = st.ResidualCapacity();
+  const size_t row = f16_codec_->RowBytes();
+  const int64_t encoded_end = std::min(t1, staging.encoded);
+  if (encoded_end > t0) {
+    const int64_t n = encoded_end - t0;
+    if (sinks > t0) {
+      // The sinks are read from their f16 rows below: weight 0 here.
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(p + r * stride, n, scratch + r * n);
+        std::fill_n(scratch + r * n, std::min(sinks, encoded_end) - t0, 0.0f);
+      }
+      codec.AccumulateV(tile, n, scratch, rows, n, acc);
+    } else {
+      codec.AccumulateV(tile, n, p, rows, stride, acc);
+    }
+  }
+  for (int64_t t = std::max({t0, staging.encoded, sinks}); t < t1;) {
+    const int64_t slot = t % capacity, run = std::min(t1 - t, capacity - slot);
+    f16_codec_->AccumulateV(&staging.ring[static_cast<size_t>(head * capacity + slot) * row], run,
+                            p + (t - t0), rows, stride, acc);
+    t += run;
+  }
+  if (sinks > t0) {
+    f16_codec_->AccumulateV(&staging.sinks[static_cast<size_t>(head * sinks + t0) * row],
+                            std::min(t1, sinks) - t0, p, rows, stride, acc);
+  }
+}
+
+void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int64_t head,
+                                int64_t t0, int64_t count, float* x) const {
+  const int64_t dim = shape_.head_dim, bt = layout_.block_tokens;
+  const KvCodec& codec =
+      *(is_v ? v_codecs_ : k_codecs_)[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
+  const KvStreaming& st = codec.streaming();
+  const int64_t encoded = st.Plain() ? t0 + count : StagingOf(s, layer, is_v).encoded;
+  const size_t offset = is_v ? layout_.VTileOffset(layer, head) : layout_.KTileOffset(layer, head);
+  std::vector<float> block_rows(static_cast<size_t>(bt * dim));  // [bt, dim]
+  int64_t decoded_block = -1;
+  const size_t row = f16_codec_->RowBytes();
+  const int64_t sinks = st.sink_tokens, capacity = st.ResidualCapacity();
+  for (int64_t p = t0; p < t0 + count; ++p) {
+    float* dst = x + (p - t0) * dim;
+    if (p < sinks) {
+      f16_codec_->Decode(
+          &StagingOf(s, layer, is_v).sinks[static_cast<size_t>(head * sinks + p) * row], 1, dst);
+    } else if (p >= encoded) {
+      f16_codec_->Decode(&StagingOf(s, layer, is_v)
+                              .ring[static_cast<size_t>(head * capacity + p % capacity) * row],
+                         1, dst);
+    } else {
+      const int64_t b = p / bt;
+      if (b != decoded_block) {
+        // Whole tiles from the block start (tile codecs decode from a tile start).
+        codec.Decode(allocator_->BlockData(s.blocks[static_cast<size_t>(b)]) + offset,
+                     std::min(bt, encoded - b * bt), block_rows.data());
+        decoded_block = b;
+      }
+      std::memcpy(dst, &block_rows[static_cast<size_t>((p - b * bt) * dim)], dim * sizeof(float));
+    }
+  }
+}
+
 size_t PagedKvCache::BytesUsed() const {
   return static_cast<size_t>(allocator_->NumUsed()) * layout_.block_bytes + layout_.side_bytes;
 }
@@ -384,6 +643,7 @@ KvUsage PagedKvCache::Usage() const {
   usage.blocks_used = allocator_->NumUsed();
   usage.block_bytes = layout_.block_bytes;
   usage.block_tokens = layout_.block_tokens;
+  usage.sequence_blocks = layout_.staging_blocks;
   usage.bytes_used = BytesUsed();
   usage.bytes_reserved =
       static_cast<size_t>(allocator_->NumBlocks()) * layout_.block_bytes + layout_.side_bytes;
@@ -400,22 +660,16 @@ Status PagedKvCache::DecodeLayer(SeqId seq, int64_t layer, float* k, float* v) c
   const Sequence* s = Find(seq);
   if (s == nullptr) return Status::Error("decode: unknown " + SeqName(seq));
   if (layer < 0 || layer >= shape_.num_layers) return Status::Error("decode: bad layer");
-  const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads, bt = layout_.block_tokens;
+  const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
   const int64_t total = s->lengths[static_cast<size_t>(layer)];
-  std::vector<float> rows(static_cast<size_t>(bt * dim));  // [bt, dim]
+  std::vector<float> rows(static_cast<size_t>(total * dim));  // [total, dim] of one head
   for (int64_t h = 0; h < kv_heads; ++h) {
-    const size_t instance = static_cast<size_t>(layer * kv_heads + h);
-    for (int is_v = 0; is_v < 2; ++is_v) {
-      const KvCodec& codec = is_v ? *v_codecs_[instance] : *k_codecs_[instance];
-      const size_t offset = is_v ? layout_.VTileOffset(layer, h) : layout_.KTileOffset(layer, h);
+    for (bool is_v : {false, true}) {
+      if (total > 0) DecodeTokens(*s, layer, is_v, h, 0, total, rows.data());
       float* dst = is_v ? v : k;
-      for (int64_t t0 = 0; t0 < total; t0 += bt) {
-        const int64_t count = std::min(bt, total - t0);
-        codec.Decode(allocator_->BlockData(s->blocks[static_cast<size_t>(t0 / bt)]) + offset, count,
-                     rows.data());
-        for (int64_t t = 0; t < count; ++t) {
-          std::memcpy(dst + ((t0 + t) * kv_heads + h) * dim, &rows[t * dim], dim * sizeof(float));
-        }
+      for (int64_t t = 0; t < total; ++t) {
+        std::memcpy(dst + (t * kv_heads + h) * dim, &rows[static_cast<size_t>(t * dim)],
+                    dim * sizeof(float));
       }
     }
   }

@@ -3,6 +3,12 @@
 // attention computed straight from the encoded blocks (Scores on K tiles,
 // AccumulateV on V tiles, online softmax) without an f32 copy of the cache.
 // The byte layout of a block is KvLayout's (kv_factory.h).
+//
+// Streaming codecs (KvStreaming, codec.h) add per-sequence f16 staging: a
+// ring of the newest unencoded tokens (KIVI's residual) and the first
+// `sink_tokens` tokens. Attention reads each token from where it lives: the
+// sinks, the encoded blocks, or the ring. Every token still has its slot in a
+// block (written when it is encoded), so block accounting is unchanged.
 #pragma once
 
 #include <map>
@@ -48,9 +54,17 @@ class PagedKvCache final : public KvCache {
   Status DecodeLayer(SeqId seq, int64_t layer, float* k, float* v) const;
 
  private:
+  // f16 rows of one (layer, K or V) that are not (only) in blocks.
+  struct Staging {
+    int64_t encoded = 0;         // tokens [0, encoded) are in blocks
+    std::vector<uint8_t> ring;   // [kv_heads, capacity, f16 row]: token p at slot p % capacity
+    std::vector<uint8_t> sinks;  // [kv_heads, sink_tokens, f16 row]
+  };
   struct Sequence {
-    std::vector<BlockId> blocks;   // logical block j -> physical block
-    std::vector<int64_t> lengths;  // [num_layers] tokens stored per layer
+    std::vector<BlockId> blocks;                // logical block j -> physical block
+    std::vector<int64_t> lengths;               // [num_layers] tokens stored per layer
+    std::vector<BlockId> staging_charge;        // blocks charged for the staging below
+    std::vector<Staging> k_staging, v_staging;  // [num_layers]
   };
 
   PagedKvCache(const KvShape& shape, const KvCacheOptions& options, const KvLayout& layout);
@@ -61,11 +75,35 @@ class PagedKvCache final : public KvCache {
   // Free blocks this sequence can still fill, counting the copy a shared
   // partial last block would need.
   int64_t TokensThatFit(const Sequence& s) const;
-  // Encodes x [n, num_kv_heads, head_dim] into tokens [start, start + n) of
-  // the K (is_v = false) or V tiles of `layer`.
+  // Encodes x [n, num_kv_heads, head_dim] (stored domain: rotated if
+  // options.rotate) into tokens [start, start + n) of the K (is_v = false) or
+  // V tiles of `layer`.
   void EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t start, int64_t n, const float* x);
+  // Appends x [n, num_kv_heads, head_dim] (stored domain) at token `start`
+  // through the layer's streaming rule: staging, then encoding what is due.
+  void AppendStreaming(Sequence& s, int64_t layer, bool is_v, int64_t start, int64_t n,
+                       const float* x);
+  const KvStreaming& Streaming(int64_t layer, bool is_v) const;
+  Staging& StagingOf(Sequence& s, int64_t layer, bool is_v) const;
+  const Staging& StagingOf(const Sequence& s, int64_t layer, bool is_v) const;
+  // Charges the staging blocks of a new sequence (or errors, changing nothing).
+  Status ChargeStaging(Sequence& s);
   void AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q, float scale,
                    float* out) const;
+  // scores[r * stride + t - t0] for tokens [t0, t0 + count) of one block and
+  // KV head, from wherever each token lives (block, sinks, ring).
+  void BlockScores(const Sequence& s, int64_t layer, int64_t head, int64_t t0, int64_t count,
+                   const float* q, int64_t rows, float scale, float* scores, int64_t stride,
+                   float* scratch) const;
+  void BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0, int64_t count,
+                        const float* p, int64_t rows, int64_t stride, float* acc,
+                        float* scratch) const;
+  // Floats of per-task scratch BlockScores / BlockAccumulateV need.
+  int64_t ScratchFloats(int64_t rows) const;
+  // Decodes tokens [t0, t0 + count) of one (layer, K/V, head) into x [count,
+  // head_dim], in the stored domain (before RoPE for pre-RoPE K).
+  void DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int64_t head, int64_t t0,
+                    int64_t count, float* x) const;
 
   KvShape shape_;
   KvCacheOptions options_;
@@ -75,6 +113,8 @@ class PagedKvCache final : public KvCache {
   std::unique_ptr<BlockAllocator> allocator_;
   // One codec instance per (layer, KV head): index layer * num_kv_heads + head.
   std::vector<std::unique_ptr<KvCodec>> k_codecs_, v_codecs_;
+  std::unique_ptr<KvCodec> f16_codec_, f32_codec_;  // staging rows; RoPE'd decoded rows
+  bool any_streaming_ = false;
   std::vector<char> k_calibrated_, v_calibrated_;
   std::map<SeqId, Sequence> sequences_;
 

@@ -125,7 +125,10 @@ StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int
 
 KvShape Transformer::kv_shape() const {
   const ModelConfig& c = config();
-  return KvShape{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
+  KvShape shape{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
+  shape.rope_layout = rope_layout_;
+  shape.rope_inv_freq = inv_freq_;
+  return shape;
 }
 
 int64_t Transformer::WeightBytesPerToken() const {
@@ -204,6 +207,9 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
       const float* ks = k.data() + offset * kv_dim;
       const float* vs = v.data() + offset * kv_dim;
       if (observer != nullptr && observer->on_kv) observer->on_kv(s.seq, l, n, ks_pre, ks, vs);
+      if (observer != nullptr && observer->on_q) {
+        observer->on_q(s.seq, l, n, q.data() + offset * q_dim);
+      }
       KVQ_RETURN_IF_ERROR(cache.Append(s.seq, l, n, ks_pre, ks, vs));
       cache.Attend(s.seq, l, n, q.data() + offset * q_dim, scale, attn.data() + offset * q_dim);
       offset += n;

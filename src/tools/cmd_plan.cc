@@ -130,6 +130,7 @@ int RunPlan(const PlanFlags& flags) {
   for (const std::string& t : flags.types.empty() ? DefaultPlanTypes() : flags.types) {
     KvCacheOptions o = *options;
     o.k_type = o.v_type = t;
+    o.policy.clear();  // the table compares uniform types; the plan below keeps the policy
     rows.push_back({t, PlanKvType(shape, o)});
   }
   std::vector<int64_t> contexts = {4096, 8192, 32768, 131072};
@@ -172,6 +173,8 @@ int RunPlan(const PlanFlags& flags) {
         t["block_tokens"] = p.layout.block_tokens;
         t["block_bytes"] = p.layout.block_bytes;
         t["side_bytes"] = p.layout.side_bytes;
+        t["staging_bytes_per_sequence"] = p.layout.staging_bytes;
+        t["staging_blocks_per_sequence"] = p.layout.staging_blocks;
         for (int64_t ctx : contexts) {
           t["bytes_at"][std::to_string(ctx)] = {{"nominal", NominalKvBytes(p, 1, ctx)},
                                                 {"exact", ExactKvBytes(p.layout, 1, ctx)}};
@@ -244,12 +247,19 @@ int RunPlan(const PlanFlags& flags) {
     for (int64_t ctx : contexts)
       std::printf(" %8s", Cell(ExactKvBytes(p.layout, 1, ctx), unit).c_str());
     if (p.layout.side_bytes > 0) std::printf("  (+%zu B side data)", p.layout.side_bytes);
+    if (p.layout.staging_blocks > 0) {
+      std::printf("  (incl. %lld blocks/sequence for %s of f16 windows)",
+                  (long long)p.layout.staging_blocks,
+                  Human(static_cast<double>(p.layout.staging_bytes)).c_str());
+    }
     std::printf("\n");
   }
 
-  std::printf("\nplan:     K %s / V %s%s, batch %lld x context %lld%s\n", selected->k_type.c_str(),
-              selected->v_type.c_str(), selected->rotate ? " (rotated)" : "",
-              (long long)flags.batch, (long long)context,
+  std::printf("\nplan:     K %s / V %s%s%s, batch %lld x context %lld%s\n",
+              selected->k_type.c_str(), selected->v_type.c_str(),
+              selected->rotate ? " (rotated)" : "",
+              options->policy.empty() ? "" : " under --kv-policy", (long long)flags.batch,
+              (long long)context,
               context > c.max_position_embeddings ? " (beyond the model's trained context)" : "");
   std::printf("          KV %s exact (nominal %s) + weights %s (%s) = %s\n",
               Human(fit.kv_bytes).c_str(),

@@ -2,6 +2,11 @@
 
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
+
+#include "kv/kv_policy.h"
+
 namespace kvq {
 namespace {
 
@@ -16,7 +21,9 @@ size_t TotalRamBytes() {
 void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
   const char* types =
       "f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2 (integer options as suffixes: "
-      "int4-g64, int4-g32-sym; defaults group 32, asymmetric)";
+      "int4-g64, int4-g32-sym, per channel int2-c32; defaults group 32, asymmetric; streaming "
+      "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, or K/V "
+      "pairs like f16/int4";
   cmd.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                  std::string("KV cache type for K and V: ") + types + " (default f16)");
   cmd.add_option("--cache-type-k", flags->cache_type_k,
@@ -29,14 +36,53 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
   cmd.add_option("--kv-memory", flags->memory,
                  "KV cache budget: bytes with optional suffix (512M, 8G = GiB, 8GB = 10^9) or a "
                  "fraction of RAM like 0.5 (default: one sequence of the full context)");
-  cmd.add_option("--kv-block", flags->block_tokens, "Tokens per KV cache block (default 16)")
+  cmd.add_option("--kv-block", flags->block_tokens,
+                 "Tokens per KV cache block (default 16; rounded up to a multiple of per-channel "
+                 "groups)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd.add_option("--kv-policy", flags->policy,
+                 "Per-layer cache types: rules 'LAYERS: TYPE' separated by ';' or newlines, later "
+                 "rules win, layers N, -N (from the end), A..B or *, e.g. '*: kivi2; 0,-1: f16'; "
+                 "or a file holding such rules");
+  cmd.add_option("--k-bits", flags->kivi_k_bits, "KIVI: key bits 2, 4 or 8 (sets a KIVI cache)");
+  cmd.add_option("--v-bits", flags->kivi_v_bits, "KIVI: value bits 2, 4 or 8 (sets a KIVI cache)");
+  cmd.add_option("--group-size", flags->kivi_group,
+                 "KIVI: group size 32, 64 or 128 (K: tokens, V: channels; default 32)");
+  cmd.add_option("--residual-length", flags->kivi_residual,
+                 "KIVI: newest tokens kept in f16, a multiple of the group (default 128)");
 }
 
 StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens, int threads) {
   KvCacheOptions options;
   options.k_type = flags.cache_type_k.empty() ? flags.kv_cache_dtype : flags.cache_type_k;
   options.v_type = flags.cache_type_v.empty() ? flags.kv_cache_dtype : flags.cache_type_v;
+  if (flags.kivi_k_bits || flags.kivi_v_bits || flags.kivi_group || flags.kivi_residual) {
+    if (!flags.cache_type_k.empty() || !flags.cache_type_v.empty()) {
+      return Status::Error(
+          "--k-bits/--v-bits/--group-size/--residual-length set a KIVI cache; "
+          "they do not combine with --cache-type-k/-v");
+    }
+    KVQ_ASSIGN_OR_RETURN(const KvLayerTypes kivi,
+                         KiviTypes(flags.kivi_k_bits ? flags.kivi_k_bits : 2,
+                                   flags.kivi_v_bits ? flags.kivi_v_bits : 2,
+                                   flags.kivi_group ? flags.kivi_group : 32,
+                                   flags.kivi_residual ? flags.kivi_residual : 128));
+    options.k_type = kivi.k_type;
+    options.v_type = kivi.v_type;
+  }
+  if (!flags.policy.empty()) {
+    std::ifstream file(flags.policy);
+    if (file) {
+      std::stringstream text;
+      text << file.rdbuf();
+      options.policy = text.str();
+    } else if (flags.policy.find(':') != std::string::npos) {
+      options.policy = flags.policy;
+    } else {
+      return Status::Error("--kv-policy '" + flags.policy +
+                           "': neither a readable file nor rules like '*: int4; 0,-1: f16'");
+    }
+  }
   options.rotate = flags.rotate;
   options.block_tokens = flags.block_tokens;
   options.max_tokens = max_tokens;

@@ -19,10 +19,15 @@ struct KvFlags {
   bool rotate = false;
   std::string memory;  // --kv-memory text; empty = room for one sequence of the context
   int64_t block_tokens = 16;
+  std::string policy;  // --kv-policy: inline rules or a file holding them
+  // KIVI's knobs (--k-bits --v-bits --group-size --residual-length); 0 = unset.
+  int kivi_k_bits = 0, kivi_v_bits = 0;
+  int64_t kivi_group = 0, kivi_residual = 0;
 };
 
 // Adds --kv-cache-dtype, --cache-type-k, --cache-type-v, --kv-rotate,
-// --kv-memory and --kv-block to `cmd`. `flags` must outlive parsing.
+// --kv-memory, --kv-block, --kv-policy and KIVI's --k-bits, --v-bits,
+// --group-size, --residual-length to `cmd`. `flags` must outlive parsing.
 void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags);
 
 // max_tokens: the per-sequence limit (the context); threads: Attend's OpenMP

@@ -374,6 +374,79 @@ TEST_P(CodecSimdTest, EncodeDecodeBitExactAndFusedKernelsMatchDecode) {
   }
 }
 
+// Per-channel tiles and streaming options: Encode takes whole tiles, the
+// fused kernels any prefix of them (the cache's causal mask asks for those).
+TEST_P(CodecSimdTest, PerChannelTilesMatchDecode) {
+  std::mt19937 rng(404);
+  for (int64_t dim : {32, 64, 128}) {
+    for (const std::string& name : AllKvStreamingCodecNames(dim)) {
+      const CodecPair pair = MakePair(name, dim, {}, 0);
+      const int64_t tile = pair.fast->streaming().tile_tokens;
+      for (int64_t tiles : {0, 1, 3}) {
+        const int64_t n = tiles * tile;
+        const std::string what = name + " dim " + std::to_string(dim) + " n " + std::to_string(n);
+        const std::vector<float> x = MakeRows(RowKind::kNormal, n, dim, rng);
+        const size_t bytes = static_cast<size_t>(n) * pair.fast->RowBytes();
+        std::vector<uint8_t> fast_rows(bytes + 1, 0xAB), ref_rows(bytes + 1, 0xCD);
+        pair.fast->Encode(x.data(), n, fast_rows.data());
+        pair.ref->Encode(x.data(), n, ref_rows.data());
+        ASSERT_EQ(fast_rows[bytes], 0xAB) << what << ": Encode wrote past its rows";
+        fast_rows.pop_back();
+        ref_rows.pop_back();
+        ASSERT_EQ(fast_rows, ref_rows) << what;
+        std::vector<float> fast_x(x.size()), ref_x(x.size());
+        if (n > 0) {
+          pair.fast->Decode(fast_rows.data(), n, fast_x.data());
+          pair.ref->Decode(ref_rows.data(), n, ref_x.data());
+        }
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_TRUE(SameBits(fast_x[i], ref_x[i])) << what << " value " << i;
+        }
+        for (int64_t prefix : {n, n - 1, std::min<int64_t>(n, 5)}) {
+          if (prefix < 0) continue;
+          const int64_t group = 1 + static_cast<int64_t>(rng() % 8);
+          const std::string where = what + " prefix " + std::to_string(prefix);
+          ExpectFusedMatchDecode(*pair.fast, fast_rows, prefix, group, rng, where + " simd");
+          ExpectFusedMatchDecode(*pair.ref, ref_rows, prefix, group, rng, where + " ref");
+        }
+      }
+    }
+  }
+}
+
+// Per channel, each value is within half a step of its channel's grid over
+// the tile (plus the f16 rounding of scale and min), even when other
+// channels are 1000x larger: the property KIVI relies on for keys.
+TEST(CodecRoundTripTest, PerChannelErrorFollowsEachChannelsRange) {
+  std::mt19937 rng(8);
+  for (const char* name : {"int2-c32-asym", "int4-c64-asym", "int8-c32-asym"}) {
+    const auto codec = MustParse(name, 64, CodecPath::kSimd);
+    const int64_t tile = codec->streaming().tile_tokens;
+    std::vector<float> x = Normal(static_cast<size_t>(tile * 64), rng);
+    for (int64_t t = 0; t < tile; ++t) x[t * 64 + 9] = 1000.0f + x[t * 64 + 9];
+    std::vector<uint8_t> rows(static_cast<size_t>(tile) * codec->RowBytes());
+    codec->Encode(x.data(), tile, rows.data());
+    std::vector<float> back(x.size());
+    codec->Decode(rows.data(), tile, back.data());
+    const int bits = name[3] - '0';
+    for (int64_t c = 0; c < 64; ++c) {
+      float lo = x[c], hi = x[c];
+      for (int64_t t = 0; t < tile; ++t) {
+        lo = std::min(lo, x[t * 64 + c]);
+        hi = std::max(hi, x[t * 64 + c]);
+      }
+      const double step = (hi - lo) / ((1 << bits) - 1);
+      // Half a step, plus the f16 scale's error (relative 2^-11, times at most
+      // 2^bits - 1 steps) and the f16 min's (2^-11 |min|).
+      const double bound = step / 2 + step * ((1 << bits) - 1) * 0x1p-11 +
+                           std::fabs(lo) * 0x1p-11 + 1e-6;
+      for (int64_t t = 0; t < tile; ++t) {
+        ASSERT_NEAR(back[t * 64 + c], x[t * 64 + c], bound) << name << " channel " << c;
+      }
+    }
+  }
+}
+
 TEST_P(CodecSimdTest, EveryGqaGroupSizeIncludingWideOnes) {
   std::mt19937 rng(77);
   for (const char* name : {"f16", "int4-g32-asym", "int2-g64-sym", "fp8_e5m2"}) {

@@ -67,7 +67,10 @@ double RawBound(const std::string& codec) {
 std::vector<std::string> AvailableCodecs() {
   std::vector<std::string> names;
   for (const char* name : {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2",
-                           "int4-g64-sym", "int8-g128", "int2-g32-sym"}) {
+                           "int4-g64-sym", "int8-g128", "int2-g32-sym",
+                           // streaming: per-channel tiles, residual rings, sinks
+                           "int2-c32-asym-r64", "int8-c64-sym", "int4-g32-asym-r32",
+                           "int4-g32-asym-s3", "f16-r8-s1"}) {
     if (ParseKvCodec(name, 64).ok()) names.push_back(name);
   }
   return names;
@@ -195,7 +198,8 @@ TEST(PagedKvCache, FusedAttentionMatchesReferenceForEveryCodec) {
       auto layout = ComputeKvLayout(shape, options);
       ASSERT_TRUE(layout.ok());
       options.memory_bytes =
-          layout->side_bytes + layout->block_bytes * 3 * (400 / c.block_tokens + 2);
+          layout->side_bytes +
+          layout->block_bytes * 3 * (400 / layout->block_tokens + 2 + layout->staging_blocks);
       auto cache = MakeCache(shape, options);
       ASSERT_NE(cache, nullptr);
       std::map<SeqId, Stored> raw;
@@ -484,7 +488,7 @@ TEST(PagedKvCache, LayoutMatchesAllocationAndAccounting) {
   EXPECT_EQ(layout->k_row_bytes, 256u);
   EXPECT_EQ(layout->v_row_bytes, 128u);
   EXPECT_EQ(layout->block_bytes, 3u * 2u * 16u * (256u + 128u));
-  EXPECT_EQ(layout->VTileOffset(1, 1), layout->LayerBytes() + 2 * 16 * 256 + 16 * 128);
+  EXPECT_EQ(layout->VTileOffset(1, 1), layout->LayerBytes(0) + 2 * 16 * 256 + 16 * 128);
   auto cache = MakeCache(shape, options);
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(std::string(cache->TypeName()), "k:f32/v:f16");

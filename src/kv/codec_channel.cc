@@ -1,0 +1,264 @@
+// Per-channel integer codecs ("int2-c32", KIVI's keys): each channel of a
+// tile of G consecutive tokens gets its own scale (and min), so a channel
+// that is large in every token (the fixed outlier channels of K) does not
+// stretch the grid of the others.
+//
+// Tile layout (G = format.group tokens, d = head_dim, B bits):
+//   [d f16 scales][d f16 mins (asym only)][G rows of codes, d * B / 8 bytes]
+// Codes are packed inside each row exactly as the per-token int formats pack
+// them (codec.h), so the same unpacking applies. RowBytes() is the tile's
+// bytes / G (ParseKvCodec checks it is whole). Scales, mins and the mapping
+// x^ = u * s + offset are IntGroupParams' over the G values of one channel.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/fp16.h"
+#include "kv/codec_formats.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kv/codec_channel.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// After highway.h (per-target code).
+#include "kv/codec_kernels-inl.h"
+
+namespace kvq::codec {
+#ifndef KVQ_CODEC_CHANNEL_ONCE
+#define KVQ_CODEC_CHANNEL_ONCE
+
+// One tile's channel parameters in f32: x^[c] = u * scale[c] + offset[c].
+struct ChannelParams {
+  std::vector<float> scale, offset;  // [head_dim] each
+};
+
+inline size_t ChannelParamBytes(const IntFormat& f, int64_t dim) {
+  return static_cast<size_t>(dim) * (f.symmetric ? 2 : 4);
+}
+
+inline void ReadChannelParams(const IntFormat& f, int64_t dim, const uint8_t* tile,
+                              ChannelParams* p) {
+  p->scale.resize(static_cast<size_t>(dim));
+  p->offset.resize(static_cast<size_t>(dim));
+  for (int64_t c = 0; c < dim; ++c) {
+    uint16_t scale_bits, min_bits = 0;
+    std::memcpy(&scale_bits, tile + 2 * c, 2);
+    if (!f.symmetric) std::memcpy(&min_bits, tile + 2 * (dim + c), 2);
+    const float scale = F16ToF32(scale_bits);
+    p->scale[c] = scale;
+    p->offset[c] = f.symmetric ? -static_cast<float>(f.Levels() / 2) * scale : F16ToF32(min_bits);
+  }
+}
+#endif  // KVQ_CODEC_CHANNEL_ONCE
+}  // namespace kvq::codec
+
+HWY_BEFORE_NAMESPACE();
+namespace kvq::codec {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// A row format for the shared kernels (codec_kernels-inl.h): one row is the
+// codes of one token; the per-channel scale and offset come from the tile's
+// parameters (set before each tile) instead of the row.
+template <int kBits>
+struct ChannelFmt {
+  using D = hn::CappedTag<float, kBits == 2 ? 8 : 16>;
+  int64_t head_dim;
+  size_t row_bytes;  // code bytes of one token
+  const float* scale;
+  const float* offset;
+
+  static constexpr bool kHasParams = false;
+  int64_t ParamGroup() const { return head_dim; }
+  HWY_INLINE ScaleOffset Params(const uint8_t*, int64_t) const { return {0.0f, 0.0f}; }
+
+  HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i, hn::Vec<D>, hn::Vec<D>) const {
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<uint8_t, D> du8;
+    hn::Vec<decltype(di)> u;
+    if constexpr (kBits == 8) {
+      u = hn::PromoteTo(di, hn::LoadU(du8, row + i));
+    } else if constexpr (kBits == 4) {
+      const int64_t within = i & 31;
+      const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 16 + (within & 15)));
+      u = within < 16 ? hn::And(raw, hn::Set(di, 0xF)) : hn::ShiftRight<4>(raw);
+    } else {
+      const int64_t within = i & 31;
+      const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 8 + (within & 7)));
+      u = hn::And(hn::ShiftRightSame(raw, static_cast<int>(2 * (within >> 3))), hn::Set(di, 3));
+    }
+    return hn::MulAdd(hn::ConvertTo(d, u), hn::LoadU(d, scale + i), hn::LoadU(d, offset + i));
+  }
+};
+
+// Runs fn(fmt, codes, count, t0) for each tile of the first n tokens.
+template <int kBits, class F>
+HWY_INLINE void ForEachTile(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                            const F& fn) {
+  const int64_t tile_tokens = f.group;
+  const size_t param_bytes = ChannelParamBytes(f, dim);
+  const size_t tile_bytes = static_cast<size_t>(tile_tokens) * f.RowBytes(dim);
+  ChannelParams params;
+  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
+    const uint8_t* tile = rows + static_cast<size_t>(t0 / tile_tokens) * tile_bytes;
+    ReadChannelParams(f, dim, tile, &params);
+    ChannelFmt<kBits> fmt{dim, f.CodeBytes(dim), params.scale.data(), params.offset.data()};
+    fn(fmt, tile + param_bytes, std::min(tile_tokens, n - t0), t0);
+  }
+}
+
+template <class F>
+HWY_INLINE void WithBits(int bits, const F& fn) {
+  switch (bits) {
+    case 8:
+      return fn(std::integral_constant<int, 8>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    default:
+      return fn(std::integral_constant<int, 2>());
+  }
+}
+
+void ChannelDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, float* x) {
+  WithBits(f.bits, [&](auto bits) {
+    ForEachTile<decltype(bits)::value>(
+        f, dim, rows, n, [&](const auto& fmt, const uint8_t* codes, int64_t count, int64_t t0) {
+          DecodeRows(fmt, codes, count, x + t0 * dim);
+        });
+  });
+}
+
+void ChannelScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                       const float* q, int64_t group, float scale, float* scores, int64_t stride) {
+  WithBits(f.bits, [&](auto bits) {
+    ForEachTile<decltype(bits)::value>(
+        f, dim, rows, n, [&](const auto& fmt, const uint8_t* codes, int64_t count, int64_t t0) {
+          Scores(fmt, codes, count, q, group, scale, scores + t0, stride);
+        });
+  });
+}
+
+void ChannelAccumulateImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                           const float* p, int64_t group, int64_t stride, float* acc) {
+  WithBits(f.bits, [&](auto bits) {
+    ForEachTile<decltype(bits)::value>(
+        f, dim, rows, n, [&](const auto& fmt, const uint8_t* codes, int64_t count, int64_t t0) {
+          AccumulateV(fmt, codes, count, p + t0, group, stride, acc);
+        });
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvq::codec
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvq::codec {
+
+HWY_EXPORT(ChannelDecodeImpl);
+HWY_EXPORT(ChannelScoresImpl);
+HWY_EXPORT(ChannelAccumulateImpl);
+
+namespace {
+
+class ChannelCodec final : public KvCodec {
+ public:
+  ChannelCodec(const IntFormat& format, int64_t head_dim, CodecPath path)
+      : KvCodec(head_dim),
+        format_(format),
+        // The SIMD loads step 8 (int2) or 16 values inside 32-value packing blocks.
+        path_(head_dim % 32 == 0 ? path : CodecPath::kReference) {
+    streaming_.tile_tokens = format.group;
+    streaming_.flush_tokens = format.group;
+  }
+
+  std::string FormatName() const override { return format_.Name(); }
+  size_t RowBytes() const override { return format_.RowBytes(head_dim_); }
+
+  // Encoding runs once per tile (not per decode step); one scalar version.
+  void Encode(const float* x, int64_t n, uint8_t* rows) const override {
+    const int64_t tile_tokens = format_.group, dim = head_dim_;
+    const size_t param_bytes = ChannelParamBytes(format_, dim);
+    const size_t code_bytes = format_.CodeBytes(dim);
+    for (int64_t t0 = 0; t0 + tile_tokens <= n; t0 += tile_tokens) {
+      uint8_t* tile = rows + static_cast<size_t>(t0) * RowBytes();
+      std::memset(tile + param_bytes, 0, static_cast<size_t>(tile_tokens) * code_bytes);
+      for (int64_t c = 0; c < dim; ++c) {
+        float min = x[t0 * dim + c], max = min;
+        for (int64_t t = t0 + 1; t < t0 + tile_tokens; ++t) {
+          min = std::fmin(min, x[t * dim + c]);
+          max = std::fmax(max, x[t * dim + c]);
+        }
+        const GroupParams p = IntGroupParams(format_, min, max);
+        std::memcpy(tile + 2 * c, &p.scale_bits, 2);
+        if (!format_.symmetric) std::memcpy(tile + 2 * (dim + c), &p.min_bits, 2);
+        for (int64_t t = 0; t < tile_tokens; ++t) {
+          IntPackRef(format_, c, IntQuantizeRef(format_, p, x[(t0 + t) * dim + c]),
+                     tile + param_bytes + static_cast<size_t>(t) * code_bytes);
+        }
+      }
+    }
+  }
+
+  void Decode(const uint8_t* rows, int64_t n, float* x) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(ChannelDecodeImpl)(format_, head_dim_, rows, n, x);
+    }
+    const int64_t tile_tokens = format_.group, dim = head_dim_;
+    const size_t param_bytes = ChannelParamBytes(format_, dim);
+    const size_t code_bytes = format_.CodeBytes(dim);
+    ChannelParams params;
+    for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
+      const uint8_t* tile = rows + static_cast<size_t>(t0) * RowBytes();
+      ReadChannelParams(format_, dim, tile, &params);
+      for (int64_t t = t0; t < std::min(n, t0 + tile_tokens); ++t) {
+        const uint8_t* codes = tile + param_bytes + static_cast<size_t>(t - t0) * code_bytes;
+        for (int64_t c = 0; c < dim; ++c) {
+          x[t * dim + c] = static_cast<float>(IntUnpackRef(format_, c, codes)) * params.scale[c] +
+                           params.offset[c];
+        }
+      }
+    }
+  }
+
+  void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
+              float* scores, int64_t stride) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(ChannelScoresImpl)(format_, head_dim_, rows, n, q, group, scale,
+                                                     scores, stride);
+    }
+    std::vector<float> x(static_cast<size_t>(n * head_dim_));  // [n, head_dim]
+    Decode(rows, n, x.data());
+    auto f32 = MakeFloatCodec(FloatKind::kF32, head_dim_, CodecPath::kReference);
+    ScoresByDecoding(*f32, reinterpret_cast<const uint8_t*>(x.data()), n, q, group, scale, scores,
+                     stride);
+  }
+
+  void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
+                   float* acc) const override {
+    if (path_ == CodecPath::kSimd) {
+      return HWY_DYNAMIC_DISPATCH(ChannelAccumulateImpl)(format_, head_dim_, rows, n, p, group,
+                                                         stride, acc);
+    }
+    std::vector<float> x(static_cast<size_t>(n * head_dim_));  // [n, head_dim]
+    Decode(rows, n, x.data());
+    auto f32 = MakeFloatCodec(FloatKind::kF32, head_dim_, CodecPath::kReference);
+    AccumulateVByDecoding(*f32, reinterpret_cast<const uint8_t*>(x.data()), n, p, group, stride,
+                          acc);
+  }
+
+ private:
+  IntFormat format_;
+  CodecPath path_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvCodec> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
+                                          CodecPath path) {
+  return std::make_unique<ChannelCodec>(format, head_dim, path);
+}
+
+}  // namespace kvq::codec
+#endif  // HWY_ONCE

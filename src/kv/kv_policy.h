@@ -1,0 +1,51 @@
+// Named schemes and per-layer policies: how user-facing cache choices turn
+// into one (K codec, V codec) pair per layer.
+//
+// Schemes (KvSchemes() lists them with their expansion):
+//   kivi2, kivi4   KIVI (arXiv:2402.02750): K per channel over 32-token
+//                  groups, V per token over 32-channel groups, asymmetric,
+//                  the newest 128 tokens in f16 (KiviTypes gives other knobs).
+//   "K/V"          a pair of codec names, e.g. "f16/int4".
+//   anything else  a codec name (codec.h) used for both K and V.
+// A new scheme that is a pair of codecs is one line in kv_policy.cc.
+//
+// Policy text (--kv-policy): rules separated by newlines or ';', each
+//   LAYERS: SCHEME
+// LAYERS is '*' or a comma list of N, -N (from the end: -1 = last layer) and
+// A..B (inclusive; ends may be negative). Later rules override earlier ones;
+// layers no rule names keep the cache's default types. '#' starts a comment.
+// Example, Qwen2's large first/last k_proj biases kept in f16:
+//   *: kivi2; 0, -1: f16
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/kv_factory.h"
+
+namespace kvq {
+
+// A scheme or codec spec -> its (K, V) codec names (not validated against a
+// head_dim; ParseKvCodec does that).
+StatusOr<KvLayerTypes> ExpandKvScheme(const std::string& spec);
+
+// KIVI with explicit knobs: bits 2/4/8, group 32/64/128 (tokens for K,
+// channels for V), residual a positive multiple of the group.
+StatusOr<KvLayerTypes> KiviTypes(int k_bits, int v_bits, int64_t group, int64_t residual);
+
+// (name, what it expands to) for help texts and studies.
+std::vector<std::pair<std::string, KvLayerTypes>> KvSchemes();
+
+// Policy text -> types for each of num_layers layers, starting from `defaults`.
+StatusOr<std::vector<KvLayerTypes>> ParseKvPolicy(const std::string& text, int64_t num_layers,
+                                                  const KvLayerTypes& defaults);
+
+// Every layer's codec names under `options`: k_type / v_type (schemes
+// expanded: K takes a scheme's K codec, V its V codec), then the policy.
+StatusOr<std::vector<KvLayerTypes>> ResolveKvLayerTypes(const KvCacheOptions& options,
+                                                        int64_t num_layers);
+
+}  // namespace kvq

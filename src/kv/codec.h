@@ -130,6 +130,10 @@ class KvCodec {
 
   // Fused K side. q: [group, head_dim] (the query heads sharing this KV head).
   // scores[h * stride + t] = scale * dot(q[h], row t), t < n, h < group.
+  // Integer codecs first quantize q[h] to int8 per group of their group size
+  // (llama.cpp's q8_0 for q4_0 keys) and use exact integer dot products, so
+  // their scores are dot(q8 dequantized, row t): within sum |q8 step / 2 *
+  // x| of the f32-q value (kv/codec_int_scores.h states the rule and bound).
   virtual void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
                       float* scores, int64_t stride) const = 0;
   // Fused V side. acc: [group, head_dim];

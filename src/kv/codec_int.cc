@@ -1,18 +1,29 @@
 // Integer group codecs: int8 / int4 / int2, group 32 / 64 / 128, symmetric
 // or asymmetric (layout and mapping in codec.h). SIMD kernels compiled once
-// per Highway target; scalar twins below.
+// per Highway target; scalar twins below. Scores uses integer dot products
+// over a per-group int8 quantization of q (codec_int_scores.h).
+//
+// AVX3_DL (AVX-512 VNNI: vpdpbusd) is not among Highway 1.0's default
+// dynamic-dispatch targets; this file opts in (before any Highway include).
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "base/fp16.h"
 #include "kv/codec_formats.h"
+#include "kv/codec_int_scores.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/codec_int.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // After highway.h (per-target code).
+#include "kv/codec_int_scores-inl.h"
 #include "kv/codec_kernels-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -40,6 +51,7 @@ using IntTag = hn::CappedTag<float, kBits == 2 ? 8 : 16>;
 template <int kBits, bool kSymmetric>
 struct IntFmt {
   using D = IntTag<kBits>;
+  static constexpr int kCodeBits = kBits;
   int64_t head_dim;
   size_t row_bytes;
   int group_shift;  // log2(group)
@@ -192,15 +204,162 @@ void IntDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t
   WithFormat(f, dim, [&](const auto& fmt) { DecodeRows(fmt, rows, n, x); });
 }
 
+// Calls fn(std::integral_constant<int, bits>(), std::bool_constant<symmetric>()).
+template <class F>
+HWY_INLINE void WithBitsAndSymmetry(const IntFormat& f, const F& fn) {
+  switch (f.bits * 2 + (f.symmetric ? 1 : 0)) {
+    case 16:
+      return fn(std::integral_constant<int, 8>(), std::false_type());
+    case 17:
+      return fn(std::integral_constant<int, 8>(), std::true_type());
+    case 8:
+      return fn(std::integral_constant<int, 4>(), std::false_type());
+    case 9:
+      return fn(std::integral_constant<int, 4>(), std::true_type());
+    case 4:
+      return fn(std::integral_constant<int, 2>(), std::false_type());
+    default:
+      return fn(std::integral_constant<int, 2>(), std::true_type());
+  }
+}
+
+IntRowLayout RowLayout(const IntFormat& f, int64_t dim) {
+  return {dim, static_cast<int64_t>(f.RowBytes(dim)), static_cast<int64_t>(f.CodeBytes(dim)),
+          f.group, f.Groups(dim)};
+}
+
 void IntScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const float* q,
                    int64_t group, float scale, float* scores, int64_t stride) {
-  WithFormat(f, dim,
-             [&](const auto& fmt) { Scores(fmt, rows, n, q, group, scale, scores, stride); });
+  WithBitsAndSymmetry(f, [&](auto bits, auto symmetric) {
+    IntDotScores<decltype(bits)::value, decltype(symmetric)::value, false>(
+        RowLayout(f, dim), rows, n, q, nullptr, group, scale, scores, stride, nullptr);
+  });
 }
+
+void QuantizeQueryImpl(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
+                       int32_t* qsum) {
+  QuantizeQueryHeads(q, 1, dim, group, q8, qscale, qsum);
+}
+
+// The integer stage does not depend on the symmetry (it only changes the
+// f32 epilogue), so one instantiation per bit width serves both.
+void IntGroupDotsImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                      const int8_t* q8, int64_t heads, int32_t* dots) {
+  const IntRowLayout layout = RowLayout(f, dim);
+  switch (f.bits) {
+    case 8:
+      return IntDotScores<8, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
+                                          dots);
+    case 4:
+      return IntDotScores<4, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
+                                          dots);
+    default:
+      return IntDotScores<2, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
+                                          dots);
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// AccumulateV with 16 f32 lanes: one 32-value packing block (two vectors) at
+// a time, rows inner, so each row's codes are loaded once for both vectors
+// and its (scale, offset) broadcast once. int4/int2 decode through a
+// 16-entry table (u * scale + offset for u = 0..15, one MulAdd per row and
+// block, the same fused op DecodeRows uses, so values are bit-identical) and
+// vpermps instead of a convert and a MulAdd per vector. The accumulation
+// order per lane (rows in order, one FMA each) is the generic pass's.
+template <int64_t kHeads, class Fmt>
+HWY_NOINLINE void AccumulateBlocks16(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
+                                     const float* HWY_RESTRICT p, int64_t stride,
+                                     float* HWY_RESTRICT acc) {
+  constexpr int kBits = Fmt::kCodeBits;
+  const hn::Full512<float> df;
+  const hn::Full512<int32_t> di;
+  const hn::Full128<uint8_t> du8x16;
+  const hn::Full256<int32_t> di8;
+  const hn::Full64<uint8_t> du8x8;
+  using VF = hn::Vec<decltype(df)>;
+  const int64_t dim = fmt.head_dim, row_bytes = static_cast<int64_t>(fmt.row_bytes);
+  const int64_t groups = fmt.groups;
+  const VF iota = hn::Iota(df, 0.0f);
+  // int2: lanes 0-7 and 8-15 of a vector hold the same 8 code bytes; these
+  // shifts pick elements 0-15 (fields 0, 1) and 16-31 (fields 2, 3).
+  alignas(64) static constexpr int32_t kShift0[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                      2, 2, 2, 2, 2, 2, 2, 2};
+  alignas(64) static constexpr int32_t kShift1[16] = {4, 4, 4, 4, 4, 4, 4, 4,
+                                                      6, 6, 6, 6, 6, 6, 6, 6};
+  float scales[kAccumulateRowBlock * kMaxParamGroups];   // [rows, groups]
+  float offsets[kAccumulateRowBlock * kMaxParamGroups];  // [rows, groups]
+  for (int64_t t0 = 0; t0 < n; t0 += kAccumulateRowBlock) {
+    const int64_t t1 = std::min(n, t0 + kAccumulateRowBlock);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const ScaleOffset so = fmt.Params(rows + t * row_bytes, g);
+        scales[(t - t0) * groups + g] = so.scale;
+        offsets[(t - t0) * groups + g] = so.offset;
+      }
+    }
+    for (int64_t b = 0; b < dim / 32; ++b) {
+      const int64_t g = (b * 32) >> fmt.group_shift;
+      VF a0[kHeads], a1[kHeads];
+      for (int64_t h = 0; h < kHeads; ++h) {
+        a0[h] = hn::LoadU(df, acc + h * dim + 32 * b);
+        a1[h] = hn::LoadU(df, acc + h * dim + 32 * b + 16);
+      }
+      for (int64_t t = t0; t < t1; ++t) {
+        const VF s = hn::Set(df, scales[(t - t0) * groups + g]);
+        const VF o = hn::Set(df, offsets[(t - t0) * groups + g]);
+        const uint8_t* row = rows + t * row_bytes;
+        VF x0, x1;
+        if constexpr (kBits == 8) {
+          x0 = hn::MulAdd(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8x16, row + 32 * b))), s,
+                          o);
+          x1 = hn::MulAdd(
+              hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8x16, row + 32 * b + 16))), s, o);
+        } else {
+          const VF table = hn::MulAdd(iota, s, o);
+          hn::Vec<decltype(di)> u0, u1;
+          if constexpr (kBits == 4) {
+            const auto raw = hn::PromoteTo(di, hn::LoadU(du8x16, row + 16 * b));
+            u0 = hn::And(raw, hn::Set(di, 0xF));
+            u1 = hn::ShiftRight<4>(raw);
+          } else {
+            const auto half = hn::PromoteTo(di8, hn::LoadU(du8x8, row + 8 * b));
+            const auto raw = hn::Combine(di, half, half);
+            u0 = hn::And(hn::Shr(raw, hn::Load(di, kShift0)), hn::Set(di, 3));
+            u1 = hn::And(hn::Shr(raw, hn::Load(di, kShift1)), hn::Set(di, 3));
+          }
+          x0 = hn::TableLookupLanes(table, hn::IndicesFromVec(df, u0));
+          x1 = hn::TableLookupLanes(table, hn::IndicesFromVec(df, u1));
+        }
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const VF pv = hn::Set(df, p[h * stride + t]);
+          a0[h] = hn::MulAdd(pv, x0, a0[h]);
+          a1[h] = hn::MulAdd(pv, x1, a1[h]);
+        }
+      }
+      for (int64_t h = 0; h < kHeads; ++h) {
+        hn::StoreU(a0[h], df, acc + h * dim + 32 * b);
+        hn::StoreU(a1[h], df, acc + h * dim + 32 * b + 16);
+      }
+    }
+  }
+}
+#endif
 
 void IntAccumulateImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
                        const float* p, int64_t group, int64_t stride, float* acc) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  WithFormat(f, dim, [&](const auto& fmt) {
+    for (int64_t h0 = 0; h0 < group; h0 += kMaxHeadsPerPass) {
+      WithHeadCount(std::min(kMaxHeadsPerPass, group - h0), [&](auto heads) {
+        AccumulateBlocks16<decltype(heads)::value>(fmt, rows, n, p + h0 * stride, stride,
+                                                   acc + h0 * dim);
+      });
+    }
+  });
+#else
   WithFormat(f, dim, [&](const auto& fmt) { AccumulateV(fmt, rows, n, p, group, stride, acc); });
+#endif
 }
 
 }  // namespace HWY_NAMESPACE
@@ -213,6 +372,8 @@ namespace kvq::codec {
 HWY_EXPORT(IntEncodeImpl);
 HWY_EXPORT(IntDecodeImpl);
 HWY_EXPORT(IntScoresImpl);
+HWY_EXPORT(IntGroupDotsImpl);
+HWY_EXPORT(QuantizeQueryImpl);
 HWY_EXPORT(IntAccumulateImpl);
 
 std::string IntFormat::Name() const {
@@ -283,6 +444,74 @@ uint8_t IntUnpackRef(const IntFormat& f, int64_t i, const uint8_t* codes) {
   }
 }
 
+void IntGroupDots(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const int8_t* q8,
+                  int64_t heads, int32_t* dots) {
+  HWY_DYNAMIC_DISPATCH(IntGroupDotsImpl)(f, dim, rows, n, q8, heads, dots);
+}
+
+void QuantizeQuery(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
+                   int32_t* qsum) {
+  HWY_DYNAMIC_DISPATCH(QuantizeQueryImpl)(q, dim, group, q8, qscale, qsum);
+}
+
+void QuantizeQueryRef(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
+                      int32_t* qsum) {
+  for (int64_t g = 0; g < dim / group; ++g) {
+    const float* qg = q + g * group;
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < group; ++i) absmax = std::fmax(absmax, std::fabs(qg[i]));
+    const float qs = absmax / static_cast<float>(kQueryMax);
+    const float inv = qs != 0.0f ? 1.0f / qs : 0.0f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < group; ++i) {
+      // Clamping first keeps NaN (-> -127) away from the conversion.
+      const float t = std::fmin(std::fmax(qg[i] * inv, static_cast<float>(-kQueryMax)),
+                                static_cast<float>(kQueryMax));
+      q8[g * group + i] = static_cast<int8_t>(std::nearbyint(t));
+      sum += q8[g * group + i];
+    }
+    qscale[g] = qs;
+    qsum[g] = sum;
+  }
+}
+
+int32_t IntGroupDotRef(const IntFormat& f, const uint8_t* row, const int8_t* q8, int64_t g) {
+  int32_t dot = 0;
+  for (int64_t i = g * f.group; i < (g + 1) * f.group; ++i) dot += q8[i] * IntUnpackRef(f, i, row);
+  return dot;
+}
+
+void IntScoresRef(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const float* q,
+                  int64_t heads, float scale, float* scores, int64_t stride) {
+  const int64_t groups = f.Groups(dim);
+  const size_t code_bytes = f.CodeBytes(dim);
+  std::vector<int8_t> q8(static_cast<size_t>(dim));        // [dim]
+  std::vector<float> qscale(static_cast<size_t>(groups));  // [groups]
+  std::vector<int32_t> qsum(static_cast<size_t>(groups));  // [groups]
+  for (int64_t h = 0; h < heads; ++h) {
+    QuantizeQueryRef(q + h * dim, dim, f.group, q8.data(), qscale.data(), qsum.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* row = rows + t * static_cast<int64_t>(f.RowBytes(dim));
+      double score = 0.0;
+      for (int64_t g = 0; g < groups; ++g) {
+        uint16_t scale_bits, min_bits = 0;
+        std::memcpy(&scale_bits, row + code_bytes + 2 * g, 2);
+        if (!f.symmetric) std::memcpy(&min_bits, row + code_bytes + 2 * (groups + g), 2);
+        const double s = F16ToF32(scale_bits), qs = qscale[static_cast<size_t>(g)];
+        const int64_t dot = IntGroupDotRef(f, row, q8.data(), g);
+        const int64_t q_sum = qsum[static_cast<size_t>(g)];
+        if (f.symmetric) {
+          score += qs * s * static_cast<double>(dot - f.Levels() / 2 * q_sum);
+        } else {
+          score += qs * (s * static_cast<double>(dot) +
+                         static_cast<double>(F16ToF32(min_bits)) * static_cast<double>(q_sum));
+        }
+      }
+      scores[h * stride + t] = static_cast<float>(scale * score);
+    }
+  }
+}
+
 namespace {
 
 class IntCodec final : public KvCodec {
@@ -348,7 +577,7 @@ class IntCodec final : public KvCodec {
       return HWY_DYNAMIC_DISPATCH(IntScoresImpl)(format_, head_dim_, rows, n, q, group, scale,
                                                  scores, stride);
     }
-    ScoresByDecoding(*this, rows, n, q, group, scale, scores, stride);
+    IntScoresRef(format_, head_dim_, rows, n, q, group, scale, scores, stride);
   }
 
   void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,

@@ -2,6 +2,13 @@
 // target (bytes of Encode, bits of Decode, Scores/AccumulateV within derived
 // bounds), fused kernels == Decode-then-math, and round-trip error bounds
 // derived from each format.
+//
+// codec_int.cc opts in to Highway's AVX3_DL target; so does this file, so
+// the target loop covers it (the other codec files, not compiled for it, run
+// their baseline target in that iteration). Before any Highway include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include "kv/codec.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -19,6 +27,7 @@
 #include "base/fp16.h"
 #include "hwy/highway.h"
 #include "hwy/tests/hwy_gtest.h"
+#include "int_scores_bounds.h"
 #include "kv/codec_formats.h"
 
 namespace kvq {
@@ -263,6 +272,12 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
   const int64_t dim = codec.head_dim();
   std::vector<float> x(static_cast<size_t>(n * dim));  // [n, dim]
   if (n > 0) codec.Decode(rows.data(), n, x.data());
+  std::optional<codec::IntFormat> int_format;
+  const std::string name = codec.Name();
+  if (name.rfind("int", 0) == 0) {
+    int_format = codec::IntFormat{name[3] - '0', std::stoll(name.substr(name.find("-g") + 2)),
+                                  name.find("-sym") != std::string::npos};
+  }
   const std::vector<float> q = Normal(static_cast<size_t>(group * dim), rng);  // [group, dim]
   const int64_t stride = n + 3;  // not n: the kernels must honour it
   const float scale = 0.125f;
@@ -281,8 +296,13 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
       for (int64_t i = 0; i < dim; ++i) exact += static_cast<double>(qh[i]) * xt[i];
       exact *= scale;
       if (!std::isfinite(exact)) continue;  // inf rows (f16 overflow) are checked elsewhere
-      ASSERT_NEAR(got, exact, ScoreBound(qh, xt, dim, scale))
-          << what << " Scores h " << h << " t " << t;
+      double bound = ScoreBound(qh, xt, dim, scale);
+      if (int_format) {  // q quantized per group: codec_int_scores.h
+        bound = int_scores_bounds::QuantizationBound(*int_format, dim, xt, qh, scale) +
+                int_scores_bounds::EpilogueBound(*int_format, dim,
+                                                 rows.data() + t * codec.RowBytes(), qh, scale);
+      }
+      ASSERT_NEAR(got, exact, bound) << what << " Scores h " << h << " t " << t;
     }
   }
   // Softmax-like weights (non-negative, some exactly 0) and a non-zero start.

@@ -11,6 +11,7 @@
 
 #include "kv/attention_ref.h"
 #include "kv/codec.h"
+#include "kv/codec_int_scores.h"
 #include "kv/hadamard.h"
 #include "kv/kv_factory.h"
 #include "kv/online_softmax.h"
@@ -80,11 +81,32 @@ struct Stored {
   std::vector<std::vector<float>> k, v;
 };
 
+// The query an integer K codec actually attends with (codec_int_scores.h):
+// each head's q quantized to int8 per group and dequantized, so the
+// decoded-contents comparison below stays an f32-rounding comparison.
+// q: [n * heads, dim], in place; other codecs leave q unchanged.
+void QuantizeQueryLikeKCodec(const std::string& k_type, int64_t dim, std::vector<float>& q) {
+  auto parsed = ParseKvCodec(k_type, dim);
+  if (!parsed.ok()) return;
+  const std::string name = (*parsed)->Name();
+  if (name.rfind("int", 0) != 0) return;
+  const int64_t group = std::stoll(name.substr(name.find("-g") + 2)), groups = dim / group;
+  std::vector<int8_t> q8(static_cast<size_t>(dim));
+  std::vector<float> qs(static_cast<size_t>(groups));
+  std::vector<int32_t> qsum(static_cast<size_t>(groups));
+  for (size_t at = 0; at < q.size(); at += static_cast<size_t>(dim)) {
+    codec::QuantizeQueryRef(q.data() + at, dim, group, q8.data(), qs.data(), qsum.data());
+    for (int64_t i = 0; i < dim; ++i) q[at + i] = qs[i / group] * q8[i];
+  }
+}
+
 // Attends the last n tokens and checks the result against AttentionRef on
-// (a) the cache's decoded contents (isolates the fused kernel) and, for
-// lossless-ish codecs, (b) the raw inputs.
+// (a) the cache's decoded contents (isolates the fused kernel; integer K
+// codecs with their quantized query) and, for lossless-ish codecs, (b) the
+// raw inputs.
 void CheckAttend(const PagedKvCache& cache, const KvShape& shape, SeqId seq, int64_t layer,
-                 int64_t n, const Stored& raw, bool rotate, double raw_bound, std::mt19937& rng) {
+                 int64_t n, const Stored& raw, bool rotate, double raw_bound, std::mt19937& rng,
+                 const std::string& k_type = "f32") {
   const int64_t total = cache.Length(seq, layer);
   const int64_t row = shape.num_kv_heads * shape.head_dim;
   ASSERT_EQ(static_cast<int64_t>(raw.k[layer].size()), total * row);
@@ -95,8 +117,10 @@ void CheckAttend(const PagedKvCache& cache, const KvShape& shape, SeqId seq, int
   if (!rotate) {  // decoded rows live in the rotated domain when rotating
     std::vector<float> k(static_cast<size_t>(total * row)), v(k.size());
     ASSERT_TRUE(cache.DecodeLayer(seq, layer, k.data(), v.data()).ok());
-    AttentionRef(q.data(), k.data(), v.data(), n, total, shape.num_heads, shape.num_kv_heads,
-                 shape.head_dim, scale, expected.data());
+    std::vector<float> attended_q = q;
+    QuantizeQueryLikeKCodec(k_type, shape.head_dim, attended_q);
+    AttentionRef(attended_q.data(), k.data(), v.data(), n, total, shape.num_heads,
+                 shape.num_kv_heads, shape.head_dim, scale, expected.data());
     EXPECT_LE(Nmse(out, expected), kKernelBound)
         << "vs decoded: seq " << seq << " layer " << layer << " n " << n << " total " << total;
   }
@@ -191,7 +215,7 @@ TEST(PagedKvCache, FusedAttentionMatchesReferenceForEveryCodec) {
                                      : (rng() % 4 == 0 ? 1 + static_cast<int64_t>(rng() % 20) : 1);
           ASSERT_TRUE(AppendRandom(*cache, shape, seq, n, stored, rng).ok());
           for (int64_t l = 0; l < shape.num_layers; ++l) {
-            CheckAttend(*cache, shape, seq, l, n, stored, false, RawBound(codec), rng);
+            CheckAttend(*cache, shape, seq, l, n, stored, false, RawBound(codec), rng, codec);
           }
         }
       }
@@ -289,6 +313,7 @@ TEST(PagedKvCache, RotatedLossyCodecsMatchReferenceInTheRotatedDomain) {
       std::vector<float> k(static_cast<size_t>(total * 2 * 64)), v(k.size());
       ASSERT_TRUE(cache->DecodeLayer(0, 0, k.data(), v.data()).ok());
       ASSERT_TRUE(HadamardRotate(q.data(), n * 8, 64).ok());
+      QuantizeQueryLikeKCodec(codec, 64, q);  // integer K codecs quantize the rotated q
       AttentionRef(q.data(), k.data(), v.data(), n, total, 8, 2, 64, scale, expected.data());
       ASSERT_TRUE(HadamardUnrotate(expected.data(), n * 8, 64).ok());
       EXPECT_LE(Nmse(out, expected), kKernelBound) << "n " << n;

@@ -98,6 +98,11 @@ TEST(GearCodec, NamesRoundTripWithTheirLayout) {
       EXPECT_EQ((*codec)->RowBytes(), static_cast<size_t>((bytes + tile - 1) / tile)) << name;
     }
   }
+  // The figures docs/ARCHITECTURE.md quotes (bytes per token and KV head).
+  EXPECT_EQ(MustParse("gear2-c64-rank4-iter3-out2", 64)->RowBytes(), 42u);
+  EXPECT_EQ(MustParse("gear2-g32-t64-rank4-iter3-out2", 64)->RowBytes(), 46u);
+  EXPECT_EQ(MustParse("gear4-c64-rank4-iter3-out2", 64)->RowBytes(), 58u);
+  EXPECT_EQ(MustParse("gear4-g32-t64-rank4-iter3-out2", 64)->RowBytes(), 62u);
   EXPECT_EQ(MustParse("gear2", 64)->Name(), "gear2-c64-rank4-iter3-out2");
   EXPECT_EQ(MustParse("gear4-g32-out0.5-rank2", 64)->Name(), "gear4-g32-t64-rank2-iter3-out0.5");
   EXPECT_EQ(MustParse("gear2-r128", 64)->streaming().flush_tokens, 128);

@@ -223,7 +223,7 @@ class GearCodec final : public KvCodec {
           }
         }
       }
-      ForEachOutlier(tile, count, used, [&](int64_t t, int64_t c, float correction) {
+      ForEachOutlier(tile, count, used, a.data(), [&](int64_t t, int64_t c, float correction) {
         for (int64_t h = 0; h < group; ++h) {
           out[h * stride + t] += scale * (q[h * dim + c] * correction);
         }
@@ -259,7 +259,7 @@ class GearCodec final : public KvCodec {
         }
         factor_rows_->AccumulateV(tile + b_offset_, used, w.data(), group, rank, acc);
       }
-      ForEachOutlier(tile, count, used, [&](int64_t t, int64_t c, float correction) {
+      ForEachOutlier(tile, count, used, a.data(), [&](int64_t t, int64_t c, float correction) {
         for (int64_t h = 0; h < group; ++h) acc[h * dim + c] += pt[h * stride + t] * correction;
       });
     });
@@ -347,15 +347,22 @@ class GearCodec final : public KvCodec {
            HalfAt(row + code_bytes + 2 * (groups + g));
   }
 
-  // fn(t, c, stored - base - low_rank) for each outlier of the first `count` tokens.
+  // fn(t, c, stored - base - low_rank) for each outlier of the first `count`
+  // tokens; a: A in f32 as ReadA left it (the same values, so the same sums
+  // as LowRankAt, with half the conversions).
   template <class F>
-  void ForEachOutlier(const uint8_t* tile, int64_t count, int used, const F& fn) const {
+  void ForEachOutlier(const uint8_t* tile, int64_t count, int used, const float* a,
+                      const F& fn) const {
     const int64_t outliers = U16At(tile + header_offset_ + 2);
     for (int64_t k = 0; k < outliers; ++k) {
       const uint8_t* slot = tile + outlier_offset_ + 4 * k;
       const int64_t index = U16At(slot), t = index / head_dim_, c = index % head_dim_;
       if (t >= count) break;  // ascending index: the rest are later tokens
-      fn(t, c, HalfAt(slot + 2) - BaseAt(tile, t, c) - LowRankAt(tile, used, t, c));
+      float low_rank = 0.0f;
+      for (int j = 0; j < used; ++j) {
+        low_rank += a[t * format_.rank + j] * HalfAt(tile + b_offset_ + 2 * (j * head_dim_ + c));
+      }
+      fn(t, c, HalfAt(slot + 2) - BaseAt(tile, t, c) - low_rank);
     }
   }
 

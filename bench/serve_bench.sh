@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
-# kvq serve under load, one KV cache type after another at the same
-# --kv-memory: starts the server on a free loopback port, runs
-# bench/serve_load.mjs at each concurrency, stops the server with SIGTERM.
+# kvq serve under load (issue 8's measurement), one KV cache type after
+# another at the same --kv-memory: for each type, starts the server on a free
+# loopback port, runs bench/serve_load.mjs at each concurrency level (bounded
+# request count and time per level), stops the server with SIGTERM. Prints a
+# row per (type, level) and, at the end, each type's throughput and latency
+# against the first type (f16) of the same run.
 #
 #   bench/serve_bench.sh [options]
 #     --model PATH          (default: build/bench/qwen2.5-0.5b-f16.gguf, made by kvq synth)
-#     --dtypes LIST         (default: f16,int8,int4)
-#     --kv-memory SIZE      (default: 256M)
+#     --dtypes LIST         (default: f16,int8,int4,kivi2; a type this kvq does not
+#                            know is skipped with a message)
+#     --kv-memory SIZE      (default: 160M: f16 holds ~4 sequences of 3K prompt + 256
+#                            generated tokens on qwen2.5-0.5b, 12 KiB per token)
 #     --concurrency LIST    (default: 1,8,32)
-#     --requests N          per concurrency level (default: 32)
-#     --seconds S           per concurrency level (default: 300)
-#     --prompt-tokens N     (default: 2048)
-#     --max-tokens N        (default: 64)
+#     --requests N|auto     per level (default: auto = max(8, 2 x concurrency))
+#     --seconds S           per level; requests still running then are aborted (default: 900)
+#     --prompt-tokens N|A-B prompt lengths, uniform in A..B (default: 2048-4096)
+#     --max-tokens N        generated per request (default: 256)
 #     --max-num-seqs N      (default: 32)
 #     --threads N           (default: 2)
-# Needs: make build (build/bin/kvq), node >= 20.
+#     --results FILE        keep the JSON lines of every level (default: a temporary file)
+#     --dry-run 1           only start each type's server and print what the budget
+#                           admits (to choose --kv-memory); no load
+# Needs: build/bin/kvq (make build), node >= 20. The full default table is
+# long (every request prefills 2-4K tokens): run it on an otherwise idle
+# machine. A quick check of the script itself:
+#   bench/serve_bench.sh --model models/kvq-tiny-qwen2 --kv-memory 1M --concurrency 1,4 \
+#     --requests 8 --seconds 120 --prompt-tokens 32-64 --max-tokens 16 --threads 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kvq=build/bin/kvq
-model=build/bench/qwen2.5-0.5b-f16.gguf
-dtypes=f16,int8,int4
-memory=256M
+default_model=build/bench/qwen2.5-0.5b-f16.gguf
+model=$default_model
+dtypes=f16,int8,int4,kivi2
+memory=160M
 concurrency=1,8,32
-requests=32
-seconds=300
-prompt_tokens=2048
-max_tokens=64
+requests=auto
+seconds=900
+prompt_tokens=2048-4096
+max_tokens=256
 max_num_seqs=32
 threads=2
+results=
+dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2 ;;
@@ -40,45 +55,101 @@ while [ $# -gt 0 ]; do
     --max-tokens) max_tokens=$2 ;;
     --max-num-seqs) max_num_seqs=$2 ;;
     --threads) threads=$2 ;;
+    --results) results=$2 ;;
+    --dry-run) dry_run=$2 ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
 done
 [ -x "$kvq" ] || { echo "serve_bench: build first (make build)" >&2; exit 1; }
-if [ "$model" = build/bench/qwen2.5-0.5b-f16.gguf ] && [ ! -f "$model" ]; then
+command -v node > /dev/null || { echo "serve_bench: node (>= 20) is required" >&2; exit 1; }
+if [ "$model" = "$default_model" ] && [ ! -f "$model" ]; then
   mkdir -p build/bench
   "$kvq" synth --preset qwen2.5-0.5b --vocab .deps/llama.cpp/models/ggml-vocab-qwen2.gguf \
     --dtype f16 --seed 1 -o "$model"
 fi
-vocab=$("$kvq" info "$model" 2>/dev/null | sed -n 's/.*vocab[^0-9]*\([0-9][0-9]*\).*/\1/p' | head -n 1)
-vocab=${vocab:-8192}
-max_model_len=$((prompt_tokens + max_tokens))
+prompt_min=${prompt_tokens%-*}
+prompt_max=${prompt_tokens#*-}
+vocab=$("$kvq" info "$model" 2>/dev/null | sed -n 's/^ *vocab[^0-9]*\([0-9][0-9]*\).*/\1/p' | head -n 1)
+[ -n "$vocab" ] || { echo "serve_bench: cannot read the vocabulary size of $model (kvq info)" >&2; exit 1; }
+max_model_len=$((prompt_max + max_tokens))
+mean_tokens=$(((prompt_min + prompt_max) / 2 + max_tokens))
 log_dir=$(mktemp -d)
-trap 'rm -rf "$log_dir"' EXIT
+server_pid=
+cleanup() {
+  if [ -n "$server_pid" ]; then kill -TERM "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$log_dir"
+}
+trap cleanup EXIT
+[ -n "$results" ] || results=$log_dir/results.jsonl
+: > "$results"
 
-echo "kvq serve load: $model, --kv-memory $memory, prompts $prompt_tokens tokens, $max_tokens generated," \
-  "max-num-seqs $max_num_seqs, $threads threads, $(nproc) cores"
-first=1
+echo "kvq serve load: $model (vocab $vocab), --kv-memory $memory, prompts $prompt_tokens tokens," \
+  "$max_tokens generated, requests per level $requests (at most $seconds s), max-num-seqs $max_num_seqs," \
+  "$threads threads, $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
+header=1
+failed=0
+baseline=
+declare -a admitted=()
 for dtype in ${dtypes//,/ }; do
+  out=$log_dir/$dtype.out
+  err=$log_dir/$dtype.err
   "$kvq" serve -m "$model" --port 0 -t "$threads" --kv-cache-dtype "$dtype" --kv-memory "$memory" \
     --max-model-len "$max_model_len" --max-num-seqs "$max_num_seqs" --max-waiting 1024 \
-    --served-model-name bench > "$log_dir/$dtype.out" 2> "$log_dir/$dtype.err" &
-  pid=$!
+    --served-model-name bench > "$out" 2> "$err" &
+  server_pid=$!
   port=
-  for _ in $(seq 1 600); do
-    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log_dir/$dtype.out")
+  while :; do
+    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$out")
     [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || { cat "$log_dir/$dtype.err" >&2; exit 1; }
+    kill -0 "$server_pid" 2>/dev/null || break
     sleep 0.1
   done
-  [ -n "$port" ] || { echo "serve_bench: server did not start" >&2; kill "$pid"; exit 1; }
-  grep 'KV cache' "$log_dir/$dtype.err" >&2 || true
+  if [ -z "$port" ]; then
+    wait "$server_pid" || true
+    server_pid=
+    if grep -q "KV cache type '$dtype'" "$err"; then
+      echo "serve_bench: skipping $dtype: this kvq does not know that KV cache type: $(tail -n 1 "$err")" >&2
+    else
+      echo "serve_bench: the server did not start for $dtype:" >&2
+      cat "$err" >&2
+      failed=1
+    fi
+    continue
+  fi
+  # "KV cache <type>: B blocks of T tokens (M MiB)": how many sequences of the
+  # mean length fit, to show what the budget admits for each type.
+  cache_line=$(grep -o 'KV cache [^:]*: [0-9]* blocks of [0-9]* tokens ([0-9.]* MiB)' "$err" || true)
+  blocks=$(echo "$cache_line" | sed -n 's/.*: \([0-9]*\) blocks of \([0-9]*\) tokens.*/\1/p')
+  block_tokens=$(echo "$cache_line" | sed -n 's/.*: \([0-9]*\) blocks of \([0-9]*\) tokens.*/\2/p')
+  if [ -n "$blocks" ]; then
+    admitted+=("$dtype: $cache_line -> $((blocks * block_tokens / mean_tokens)) sequences of $mean_tokens tokens")
+  fi
+  [ -n "$baseline" ] || baseline=$dtype
+  if [ "$dry_run" = 1 ]; then
+    kill -TERM "$server_pid"
+    wait "$server_pid" || failed=1
+    server_pid=
+    continue
+  fi
+  header_flag=()
+  [ $header = 1 ] || header_flag=(--no-header)
   node bench/serve_load.mjs --url "http://127.0.0.1:$port" --model bench --label "$dtype" \
     --concurrency "$concurrency" --requests "$requests" --seconds "$seconds" \
     --prompt-tokens "$prompt_tokens" --max-tokens "$max_tokens" --vocab "$vocab" \
-    | if [ $first = 1 ]; then cat; else tail -n +3; fi
-  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^kvq_(num_preemptions_total|kv_blocks_total) ' >&2 || true
-  kill -TERM "$pid"
-  wait "$pid"
-  first=0
+    --json "$results" "${header_flag[@]}" || failed=1
+  header=0
+  kill -TERM "$server_pid"
+  wait "$server_pid" || { echo "serve_bench: the $dtype server did not exit cleanly" >&2; failed=1; }
+  server_pid=
 done
+
+if [ ${#admitted[@]} -gt 0 ]; then
+  echo
+  echo "KV budget $memory per type:"
+  printf '  %s\n' "${admitted[@]}"
+fi
+if [ -s "$results" ]; then
+  node bench/serve_load.mjs --summarize "$results" --baseline "$baseline"
+fi
+exit $failed

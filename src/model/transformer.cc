@@ -207,6 +207,9 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
       const float* ks = k.data() + offset * kv_dim;
       const float* vs = v.data() + offset * kv_dim;
       if (observer != nullptr && observer->on_kv) observer->on_kv(s.seq, l, n, ks_pre, ks, vs);
+      if (observer != nullptr && observer->on_q) {
+        observer->on_q(s.seq, l, n, q.data() + offset * q_dim);
+      }
       KVQ_RETURN_IF_ERROR(cache.Append(s.seq, l, n, ks_pre, ks, vs));
       cache.Attend(s.seq, l, n, q.data() + offset * q_dim, scale, attn.data() + offset * q_dim);
       offset += n;

@@ -54,6 +54,9 @@ struct KvObserver {
   std::function<void(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope, const float* k,
                      const float* v)>
       on_kv;
+  // The queries attention uses (RoPE applied, before the 1/sqrt(head_dim)
+  // scale): [n, num_heads, head_dim]. Called right after on_kv.
+  std::function<void(SeqId seq, int64_t layer, int64_t n, const float* q)> on_q;
 };
 
 class Transformer {

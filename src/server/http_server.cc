@@ -6,11 +6,14 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "engine/chat_template.h"
 #include "engine/generate.h"
+#include "server/connection.h"
 #include "server/openai_api.h"
 
 namespace kvq {
@@ -60,7 +63,9 @@ struct StreamState {
   std::string id;
   int64_t created = 0;
   std::shared_ptr<RequestChannel> channel;
-  std::string echo_text;  // echo: the prompt, sent before the completion
+  std::string echo_text;    // echo: the prompt, sent before the completion
+  int socket = -1;          // the client's connection (-1: unknown), to notice it closing
+  int64_t text_offset = 0;  // logprobs: characters of the tokens already sent
   bool first = true;
   bool done = false;
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
@@ -95,6 +100,24 @@ struct HttpServer::Impl {
   bool Authorized(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
     return req.get_header_value("Authorization") == "Bearer " + options.api_key;
+  }
+
+  // The engine's log probabilities with each token's text; advances
+  // `*text_offset` by the tokens' characters.
+  ChoiceLogprobs WithText(const std::vector<TokenLogprob>& entries, int64_t* text_offset) const {
+    ChoiceLogprobs out;
+    out.text_offset = *text_offset;
+    const Tokenizer& tok = *model.tokenizer;
+    auto text = [&tok](int32_t id) { return tok.Decode(std::span<const int32_t>(&id, 1)); };
+    for (const TokenLogprob& e : entries) {
+      LogprobToken t;
+      t.token = text(e.token);
+      t.logprob = e.logprob;
+      for (const auto& [id, logprob] : e.top) t.top.emplace_back(text(id), logprob);
+      *text_offset += Utf8CharCount(t.token);
+      out.tokens.push_back(std::move(t));
+    }
+    return out;
   }
 
   void Routes();
@@ -219,6 +242,7 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   serve.sampling.seed = request.seed ? *request.seed : RandomSeed();
   serve.stop = request.stop;
   serve.stop_at_eos = !request.ignore_eos;
+  serve.logprobs = request.logprobs;
 
   if (shutting_down.load()) {
     res.set_header("Retry-After", "5");
@@ -245,6 +269,8 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
   state->id = NewId(chat);
   state->created = UnixSeconds();
   state->channel = submitted.channel;
+  state->socket =
+      FindConnectionSocket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   if (state->request.echo) {
     state->echo_text = state->request.prompt_ids.empty()
                            ? state->request.prompt
@@ -255,12 +281,24 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
     return Stream(res, state);
   }
 
+  // Not streaming: nothing is written until the end, so the only sign of a
+  // client that has gone is its socket. Look at least every 50 ms (a poll(2)
+  // without waiting) and cancel at once: the blocks go back to the others at
+  // the engine's next step.
   std::string text = state->echo_text;
+  std::vector<TokenLogprob> logprobs;
   while (true) {
     std::vector<RequestEvent> events;
-    state->channel->Pop(&events, std::chrono::milliseconds(200));
+    state->channel->Pop(&events, std::chrono::milliseconds(50));
+    const bool ended = !events.empty() && events.back().final;
+    if (!ended && PeerClosed(state->socket)) {
+      engine.Cancel(state->channel);
+      return SendError(res,
+                       MakeError(400, "invalid_request_error", "the client closed the connection"));
+    }
     for (RequestEvent& event : events) {
       text += event.text;
+      for (TokenLogprob& e : event.logprobs) logprobs.push_back(std::move(e));
       if (!event.final) continue;
       if (event.finish_reason == "error") {
         return SendError(res, MakeError(500, "server_error", "generation failed: " + event.error));
@@ -270,9 +308,11 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
                                         "the request was cancelled (server shutting down)"));
       }
       const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
-      res.set_content(CompletionJson(state->request, state->id, state->created, text,
-                                     event.finish_reason, usage),
-                      "application/json");
+      const ChoiceLogprobs choice_logprobs = WithText(logprobs, &state->text_offset);
+      res.set_content(
+          CompletionJson(state->request, state->id, state->created, text, event.finish_reason,
+                         usage, state->request.logprobs >= 0 ? &choice_logprobs : nullptr),
+          "application/json");
       return;
     }
   }
@@ -282,9 +322,13 @@ void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamStat
   res.set_header("Cache-Control", "no-cache");
   EngineLoop* engine_ptr = &engine;
   std::atomic<int64_t>* open = &open_requests;
+  const Impl* impl = this;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [state](size_t, httplib::DataSink& sink) {
+      [state, impl](size_t, httplib::DataSink& sink) {
+        // A closed socket ends the stream at once (the releaser cancels the
+        // request); a write would only notice at the second attempt.
+        if (PeerClosed(state->socket)) return false;
         auto write = [&](const std::string& data) {
           state->last_write = std::chrono::steady_clock::now();
           return sink.write(data.data(), data.size());
@@ -298,10 +342,19 @@ void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamStat
           }
           state->first = false;
         }
+        // With log probabilities each chunk carries its tokens' entries.
+        auto chunk_logprobs = [&](const RequestEvent& event) {
+          std::optional<ChoiceLogprobs> out;
+          if (state->request.logprobs >= 0) {
+            out = impl->WithText(event.logprobs, &state->text_offset);
+          }
+          return out;
+        };
         std::vector<RequestEvent> events;
         if (!state->channel->Pop(&events, std::chrono::milliseconds(100))) {
-          // Nothing to send (queued or a long prefill): an SSE comment now
-          // and then finds a client that has gone away.
+          // Nothing to send (queued or a long prefill). Where the socket is
+          // unknown, an SSE comment now and then finds a client that has
+          // gone when the write fails.
           if (std::chrono::steady_clock::now() - state->last_write > std::chrono::seconds(2)) {
             return write(": keep-alive\n\n");
           }
@@ -309,9 +362,10 @@ void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamStat
         }
         for (const RequestEvent& event : events) {
           if (!event.final) {
-            if (event.text.empty()) continue;
+            if (event.text.empty() && event.logprobs.empty()) continue;
+            const auto logprobs = chunk_logprobs(event);
             if (!write(StreamChunk(state->request, state->id, state->created, event.text, "",
-                                   state->first, nullptr))) {
+                                   state->first, nullptr, logprobs ? &*logprobs : nullptr))) {
               return false;
             }
             state->first = false;
@@ -323,9 +377,10 @@ void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamStat
             // client asked for stream_options.include_usage (OpenAI's form).
             const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
             const bool own_chunk = state->request.include_usage;
+            const auto logprobs = chunk_logprobs(event);
             if (!write(StreamChunk(state->request, state->id, state->created, event.text,
-                                   event.finish_reason, state->first,
-                                   own_chunk ? nullptr : &usage))) {
+                                   event.finish_reason, state->first, own_chunk ? nullptr : &usage,
+                                   logprobs ? &*logprobs : nullptr))) {
               return false;
             }
             if (own_chunk && !write(UsageChunk(state->request, state->id, state->created, usage))) {

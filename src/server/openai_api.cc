@@ -151,11 +151,61 @@ json UsageJson(const CompletionUsage& usage) {
           {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
 }
 
+json TokenBytes(const std::string& token) {
+  json bytes = json::array();
+  for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+json LogprobsJson(const CompletionRequest& request, const ChoiceLogprobs* logprobs) {
+  if (logprobs == nullptr) return nullptr;
+  if (request.chat) {
+    json content = json::array();
+    for (const LogprobToken& t : logprobs->tokens) {
+      json top = json::array();
+      for (const auto& [token, logprob] : t.top) {
+        top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", TokenBytes(token)}});
+      }
+      content.push_back({{"token", t.token},
+                         {"logprob", t.logprob},
+                         {"bytes", TokenBytes(t.token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  int64_t offset = logprobs->text_offset;
+  for (const LogprobToken& t : logprobs->tokens) {
+    tokens.push_back(t.token);
+    token_logprobs.push_back(t.logprob);
+    // Alternatives whose text coincides keep the more likely value.
+    json top = json::object();
+    for (const auto& [token, logprob] : t.top) {
+      if (!top.contains(token)) top[token] = logprob;
+    }
+    if (!top.contains(t.token)) top[t.token] = t.logprob;
+    top_logprobs.push_back(top);
+    text_offset.push_back(offset);
+    offset += Utf8CharCount(t.token);
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top_logprobs},
+          {"text_offset", text_offset}};
+}
+
 json FinishReason(const std::string& reason) {
   return reason.empty() ? json(nullptr) : json(reason);
 }
 
 }  // namespace
+
+int64_t Utf8CharCount(std::string_view text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
 
 std::string ApiErrorJson(const ApiError& error) {
   json body = {{"message", error.message},
@@ -229,20 +279,33 @@ bool ParseCompletionRequest(std::string_view body_text, bool chat, CompletionReq
       if (s.empty()) return Fail(error, "stop", "stop strings must not be empty");
     }
   }
-  // Log probabilities are not produced yet: say so rather than ignore them.
-  if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
-    const bool wanted =
-        it->is_boolean() ? it->get<bool>() : !(it->is_number_integer() && it->get<int64_t>() == 0);
-    if (wanted) return Fail(error, "logprobs", "'logprobs' is not supported by this server");
+  if (chat) {
+    bool wanted = false;
+    std::optional<int64_t> top;
+    if (!GetBool(body, "logprobs", &wanted, error)) return false;
+    if (!GetInt(body, "top_logprobs", 0, 20, &top, error)) return false;
+    if (top && !wanted) {
+      return Fail(error, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
+    }
+    if (wanted) request->logprobs = top ? static_cast<int32_t>(*top) : 0;
+  } else {
+    std::optional<int64_t> n_logprobs;
+    if (!GetInt(body, "logprobs", 0, 5, &n_logprobs, error)) return false;
+    if (n_logprobs) request->logprobs = static_cast<int32_t>(*n_logprobs);
+    if (n_logprobs && request->echo) {
+      return Fail(error, "echo",
+                  "'echo' with 'logprobs' (log probabilities of the prompt) is not supported");
+    }
   }
   return true;
 }
 
 std::string CompletionJson(const CompletionRequest& request, const std::string& id, int64_t created,
                            const std::string& text, const std::string& finish_reason,
-                           const CompletionUsage& usage) {
-  json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(finish_reason)}};
+                           const CompletionUsage& usage, const ChoiceLogprobs* logprobs) {
+  json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(request, logprobs)},
+                 {"finish_reason", FinishReason(finish_reason)}};
   if (request.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -259,9 +322,10 @@ std::string CompletionJson(const CompletionRequest& request, const std::string& 
 
 std::string StreamChunk(const CompletionRequest& request, const std::string& id, int64_t created,
                         const std::string& text, const std::string& finish_reason, bool first,
-                        const CompletionUsage* usage) {
-  json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(finish_reason)}};
+                        const CompletionUsage* usage, const ChoiceLogprobs* logprobs) {
+  json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(request, logprobs)},
+                 {"finish_reason", FinishReason(finish_reason)}};
   if (request.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -39,12 +39,38 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // vLLM extension
   bool echo = false;           // completions: prepend the prompt to the output
+  // Alternatives per token with log probabilities; -1 = no log probabilities.
+  // Completions: `logprobs: N` (0..5). Chat: `logprobs: true` with
+  // `top_logprobs: N` (0..20, default 0).
+  int32_t logprobs = -1;
 };
 
 // Parses and type-checks a request body. Never throws; any malformed input
 // gives an ApiError naming the field.
 bool ParseCompletionRequest(std::string_view body, bool chat, CompletionRequest* request,
                             ApiError* error);
+
+// One output token's log probabilities with the tokens' text: their UTF-8
+// bytes, which for a byte-level vocabulary may be part of a character.
+struct LogprobToken {
+  std::string token;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // most likely first
+};
+// The `logprobs` object of one choice (a whole response, or one chunk).
+// Chat: {"content": [{token, logprob, bytes, top_logprobs}]}. Completions
+// (OpenAI's legacy form): parallel arrays tokens, token_logprobs,
+// top_logprobs ({token: logprob}, the sampled token always among them, so up
+// to N + 1 entries as OpenAI documents) and text_offset.
+struct ChoiceLogprobs {
+  std::vector<LogprobToken> tokens;
+  // Completions: characters of output text before tokens[0] (a stream's
+  // earlier chunks); later offsets add up the tokens' characters.
+  int64_t text_offset = 0;
+};
+// Characters (Unicode code points) in UTF-8 text, as text_offset counts
+// them: every byte that does not continue a multi-byte character.
+int64_t Utf8CharCount(std::string_view text);
 
 // Response bodies. `id` like "cmpl-..." / "chatcmpl-...", `created` in Unix
 // seconds. Finish reason as OpenAI spells it ("stop", "length").
@@ -54,14 +80,14 @@ struct CompletionUsage {
 };
 std::string CompletionJson(const CompletionRequest& request, const std::string& id, int64_t created,
                            const std::string& text, const std::string& finish_reason,
-                           const CompletionUsage& usage);
+                           const CompletionUsage& usage, const ChoiceLogprobs* logprobs = nullptr);
 // One server-sent event ("data: {...}\n\n"). `finish_reason` empty for a
 // text chunk; `usage` attached when set. `first` adds the assistant role
-// (chat). With include_usage the final usage travels in its own chunk with
-// no choices (UsageChunk), as OpenAI sends it.
+// (chat). `logprobs` (when set) covers the tokens of this chunk. With include_usage the final usage
+// travels in its own chunk with no choices (UsageChunk), as OpenAI sends it.
 std::string StreamChunk(const CompletionRequest& request, const std::string& id, int64_t created,
                         const std::string& text, const std::string& finish_reason, bool first,
-                        const CompletionUsage* usage);
+                        const CompletionUsage* usage, const ChoiceLogprobs* logprobs = nullptr);
 std::string UsageChunk(const CompletionRequest& request, const std::string& id, int64_t created,
                        const CompletionUsage& usage);
 

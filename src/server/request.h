@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "server/logprobs.h"
 
 namespace kvq {
 
@@ -22,6 +23,9 @@ struct ServeRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool stop_at_eos = true;        // EOS / end-of-turn tokens end the output
+  // Log probabilities: -1 = none; n >= 0 = each output token's log
+  // probability plus the n most likely alternatives (see logprobs.h).
+  int32_t logprobs = -1;
 };
 
 // What the engine tells the waiting handler: a piece of text, then exactly
@@ -33,6 +37,12 @@ struct RequestEvent {
   std::string error;          // message when finish_reason == "error"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // With ServeRequest::logprobs >= 0: one entry per token sampled since the
+  // previous event, in order. Text is held back (stop strings, incomplete
+  // UTF-8) but log probabilities are not, so a token's entry may arrive
+  // before its text does. Over a request there is one entry per completion
+  // token (an EOS that ends the output is not one).
+  std::vector<TokenLogprob> logprobs;
 };
 
 // Single producer (engine thread), single consumer (handler thread).

@@ -16,7 +16,11 @@ Scheduler::Scheduler(Transformer& model, const Tokenizer& tokenizer, KvCache& ca
                      const SchedulerOptions& options)
     : model_(model), tokenizer_(tokenizer), cache_(cache), options_(options) {
   vocab_ = model.config().vocab_size;
-  blocks_total_ = cache.Usage().blocks_total;
+  const KvUsage usage = cache.Usage();
+  blocks_total_ = usage.blocks_total;
+  sequence_blocks_ = usage.sequence_blocks;
+  // The cache's block size wins: schemes round the requested one up.
+  if (usage.block_tokens > 0) options_.block_tokens = usage.block_tokens;
   // The same end markers `kvq generate` stops at, so greedy outputs agree.
   if (tokenizer.eos_id() >= 0) stop_ids_.push_back(tokenizer.eos_id());
   for (const char* marker : {"<|im_end|>", "<|eot_id|>", "<|endoftext|>"}) {
@@ -54,7 +58,11 @@ Status Scheduler::Validate(const ServeRequest& request) const {
   }
   // A request that alone outgrows the cache could never finish: preempting
   // others would not help it.
-  const int64_t blocks = BlocksFor(prompt + request.max_tokens);
+  if (request.logprobs > vocab_) {
+    return Status::Error("logprobs asks for " + std::to_string(request.logprobs) +
+                         " alternatives; the vocabulary has " + std::to_string(vocab_) + " tokens");
+  }
+  const int64_t blocks = BlocksFor(prompt + request.max_tokens) + sequence_blocks_;
   const int64_t total = blocks_total_;
   if (blocks > total) {
     return Status::Error("the request needs " + std::to_string(blocks) +
@@ -65,7 +73,9 @@ Status Scheduler::Validate(const ServeRequest& request) const {
 }
 
 int64_t Scheduler::MaxNewTokens(int64_t prompt_tokens) const {
-  return std::min(options_.max_model_len, blocks_total_ * options_.block_tokens) - prompt_tokens;
+  return std::min(options_.max_model_len,
+                  (blocks_total_ - sequence_blocks_) * options_.block_tokens) -
+         prompt_tokens;
 }
 
 void Scheduler::Add(ServeRequest request, std::shared_ptr<RequestChannel> channel,
@@ -101,6 +111,8 @@ void Scheduler::Finish(Sequence& s, const std::string& reason, const std::string
   s.held.clear();
   event.prompt_tokens = static_cast<int64_t>(s.request.prompt.size());
   event.completion_tokens = s.generated;
+  event.logprobs = std::move(s.logprobs);
+  s.logprobs.clear();
   s.channel->Push(std::move(event));
   finish_log_.push_back(reason);
 }
@@ -123,8 +135,9 @@ void Scheduler::Admit() {
   }
   while (!waiting_.empty() && num_running() < options_.max_num_seqs) {
     Sequence& s = *waiting_.front();
+    // A sequence also takes its f16 windows' blocks when it starts.
     const int64_t need = BlocksFor(static_cast<int64_t>(s.tokens.size()));
-    if (FreeBlocks() - promised < need) break;   // first come, first served: no overtaking
+    if (FreeBlocks() - promised < need + sequence_blocks_) break;  // first come, first served
     if (!cache_.AddSequence(s.seq).ok()) break;  // id still in use: retry next step
     s.in_cache = true;
     s.computed = 0;
@@ -164,6 +177,9 @@ bool Scheduler::AcceptToken(Sequence& s, const float* logits, StepReport* report
   ++s.generated;
   ++report->generated_tokens;
   s.tokens.push_back(token);
+  if (s.request.logprobs >= 0) {
+    s.logprobs.push_back(ComputeTokenLogprob(logits, vocab_, token, s.request.logprobs));
+  }
   s.held += tokenizer_.Decode(std::span<const int32_t>(&token, 1));
   for (const std::string& stop : s.request.stop) {
     const size_t at = s.held.find(stop);
@@ -182,10 +198,14 @@ bool Scheduler::AcceptToken(Sequence& s, const float* logits, StepReport* report
   const size_t keep = s.max_stop_bytes > 0 ? s.max_stop_bytes - 1 : 0;
   size_t ready = s.held.size() > keep ? s.held.size() - keep : 0;
   ready = CompleteUtf8Prefix(std::string_view(s.held).substr(0, ready));
-  if (ready > 0) {
+  // With log probabilities every token gets its event, even with no text
+  // ready, so a stream carries each token's entry as soon as it exists.
+  if (ready > 0 || !s.logprobs.empty()) {
     RequestEvent event;
     event.text = s.held.substr(0, ready);
     s.held.erase(0, ready);
+    event.logprobs = std::move(s.logprobs);
+    s.logprobs.clear();
     s.channel->Push(std::move(event));
   }
   return false;

@@ -97,6 +97,7 @@ class Scheduler {
     int64_t computed = 0;         // tokens of `tokens` stored in the cache
     int64_t generated = 0;
     std::string held;  // decoded text not yet sent (incomplete UTF-8 or a possible stop prefix)
+    std::vector<TokenLogprob> logprobs;  // sampled since the last event (request.logprobs >= 0)
     size_t max_stop_bytes = 0;
     Clock::time_point arrival, last_token;
     bool in_cache = false;
@@ -122,6 +123,7 @@ class Scheduler {
   SchedulerOptions options_;
   int64_t vocab_ = 0;
   int64_t blocks_total_ = 0;
+  int64_t sequence_blocks_ = 0;    // charged by the cache at AddSequence (residual windows)
   std::vector<int32_t> stop_ids_;  // EOS and end-of-turn markers
   int64_t next_order_ = 0;
   std::vector<std::unique_ptr<Sequence>> running_;  // ascending order

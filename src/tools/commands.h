@@ -19,5 +19,7 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
 void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx);
 void RegisterPlanCommand(CLI::App& app, CommandContext& ctx);
 void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
+void RegisterStudyCommand(CLI::App& app, CommandContext& ctx);
+void RegisterTuneCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

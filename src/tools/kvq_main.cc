@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   kvq::RegisterPerplexityCommand(app, ctx);
   kvq::RegisterPlanCommand(app, ctx);
   kvq::RegisterServeCommand(app, ctx);
+  kvq::RegisterStudyCommand(app, ctx);
+  kvq::RegisterTuneCommand(app, ctx);
   CLI11_PARSE(app, argc, argv);
   return ctx.exit_code;
 }

@@ -1,6 +1,6 @@
 // kvq serve against the official `openai` npm client, over real loopback
 // sockets: completions, chat, streaming, stop strings, greedy equality with
-// `kvq generate`, errors, client disconnects, bounded concurrency and
+// `kvq generate`, log probabilities, errors, client disconnects, bounded concurrency and
 // graceful shutdown.
 //
 //   node openai_client_test.mjs KVQ_BINARY OPENAI_PACKAGE_DIR MODEL_DIR
@@ -194,6 +194,75 @@ await test('seeded sampling is reproducible', async () => {
   const a = await openai.completions.create(req);
   const b = await openai.completions.create(req);
   assert.equal(a.choices[0].text, b.choices[0].text);
+});
+
+// Log probabilities are the model's own (raw logits, before temperature):
+// at temperature 0 each token is the most likely, so its logprob is the
+// largest of its alternatives.
+await test('logprobs: completions in the legacy form, plain and streamed', async () => {
+  const req = { model: MODEL, prompt: PROMPT, max_tokens: 10, temperature: 0, logprobs: 3 };
+  const r = await openai.completions.create(req);
+  const text = r.choices[0].text;
+  assert.ok(greedyText.startsWith(text), 'logprobs do not change the output');
+  const lp = r.choices[0].logprobs;
+  const n = r.usage.completion_tokens;
+  for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset']) {
+    assert.equal(lp[key].length, n, `${key}: one entry per completion token`);
+  }
+  assert.equal(lp.tokens.join(''), text);
+  let offset = 0;
+  for (let i = 0; i < n; ++i) {
+    assert.equal(lp.text_offset[i], offset);
+    offset += Array.from(lp.tokens[i]).length;
+    const top = Object.entries(lp.top_logprobs[i]);
+    assert.ok(top.length >= 1 && top.length <= 4, '3 alternatives, plus the sampled token if not among them');
+    const best = Math.max(...top.map(([, v]) => v));
+    assert.equal(lp.token_logprobs[i], best, 'greedy: the sampled token is the most likely');
+    assert.equal(lp.top_logprobs[i][lp.tokens[i]], lp.token_logprobs[i]);
+    assert.ok(Math.exp(best) <= 1 && top.reduce((s, [, v]) => s + Math.exp(v), 0) <= 1 + 1e-6);
+  }
+  const stream = await openai.completions.create({ ...req, stream: true });
+  const streamed = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  let streamedText = '';
+  for await (const chunk of stream) {
+    streamedText += chunk.choices[0].text;
+    const l = chunk.choices[0].logprobs;
+    assert.ok(l, 'every chunk carries its tokens\' logprobs');
+    for (const key of Object.keys(streamed)) streamed[key].push(...l[key]);
+  }
+  assert.equal(streamedText, text);
+  assert.deepEqual(streamed, lp);
+  await expectApiError(openai.completions.create({ ...req, logprobs: 6 }), 400,
+    (e) => assert.equal(e.param, 'logprobs'));
+});
+
+await test('logprobs: chat with top_logprobs, plain and streamed', async () => {
+  const req = { model: MODEL, messages: [{ role: 'user', content: 'Tell me a story.' }], max_tokens: 10,
+    temperature: 0, logprobs: true, top_logprobs: 5 };
+  const r = await openai.chat.completions.create(req);
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  assert.equal(content.map((t) => t.token).join(''), r.choices[0].message.content);
+  for (const t of content) {
+    assert.equal(typeof t.token, 'string');
+    assert.deepEqual(t.bytes, [...Buffer.from(t.token, 'utf8')]);
+    assert.equal(t.top_logprobs.length, 5);
+    assert.equal(t.top_logprobs[0].token, t.token);
+    assert.equal(t.top_logprobs[0].logprob, t.logprob);
+    assert.ok(Math.exp(t.logprob) <= 1);
+    for (let i = 1; i < 5; ++i) assert.ok(t.top_logprobs[i - 1].logprob >= t.top_logprobs[i].logprob);
+  }
+  const stream = await openai.chat.completions.create({ ...req, stream: true });
+  const streamed = [];
+  for await (const chunk of stream) {
+    if (chunk.choices.length && chunk.choices[0].logprobs) streamed.push(...chunk.choices[0].logprobs.content);
+  }
+  assert.deepEqual(streamed, content);
+  // Without logprobs: null, as OpenAI sends it.
+  const plain = await openai.chat.completions.create({ ...req, logprobs: false, top_logprobs: undefined });
+  assert.equal(plain.choices[0].logprobs, null);
+  await expectApiError(openai.chat.completions.create({ ...req, logprobs: undefined }), 400,
+    (e) => assert.equal(e.param, 'top_logprobs'));
 });
 
 await test('bad requests get 4xx with an OpenAI error body', async () => {

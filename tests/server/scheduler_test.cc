@@ -202,6 +202,43 @@ TEST_F(SchedulerTest, PreemptsNewestWhenBlocksRunOut) {
   EXPECT_EQ(cache->Usage().blocks_used, 0);
 }
 
+// A streaming cache (f16 residual windows and sinks charged per sequence;
+// this test model's head_dim of 16 is too small for KIVI's per-channel
+// groups). Admission and preemption count the windows, every request
+// finishes with all its tokens, and the cache drains to zero.
+TEST_F(SchedulerTest, StreamingCacheCountsItsWindows) {
+  KvCacheOptions options;
+  options.k_type = options.v_type = "bf16-r32-s2";
+  options.block_tokens = 16;
+  options.max_tokens = 256;
+  auto layout = ComputeKvLayout(model_.transformer->kv_shape(), options);
+  ASSERT_TRUE(layout.ok()) << layout.status().message();
+  ASSERT_GT(layout->staging_blocks, 0);
+  // Room for two sequences of 64 tokens with their windows, not three.
+  options.memory_bytes = layout->side_bytes + 2 * layout->SequenceBytes(64) + layout->block_bytes;
+  auto cache = MakeKvCache(model_.transformer->kv_shape(), options);
+  ASSERT_TRUE(cache.ok()) << cache.status().message();
+  auto scheduler = NewScheduler(**cache, 4);
+  EXPECT_EQ(scheduler->options().block_tokens, (*cache)->Usage().block_tokens);
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  for (int i = 0; i < 3; ++i) {
+    ServeRequest r = Request("Sequence " + std::to_string(i), 50);
+    r.stop_at_eos = false;
+    ASSERT_TRUE(scheduler->Validate(r).ok());
+    channels.push_back(std::make_shared<RequestChannel>());
+    scheduler->Add(r, channels.back(), Clock::now());
+  }
+  StepReport total;
+  RunAll(*scheduler, &total);
+  EXPECT_GE(total.batch_sequences, 2);  // short prompts start together; growth preempts
+  for (auto& channel : channels) {
+    Output out = Drain(*channel);
+    EXPECT_EQ(out.final.finish_reason, "length") << out.final.error;
+    EXPECT_EQ(out.final.completion_tokens, 50);
+  }
+  EXPECT_EQ((*cache)->Usage().blocks_used, 0);
+}
+
 TEST_F(SchedulerTest, CancelFreesBlocks) {
   auto cache = NewCache(32);
   auto scheduler = NewScheduler(*cache);

@@ -1,0 +1,62 @@
+// kvq study: for one model and text, capture the real K/V, measure their
+// outlier structure, fake-quantize them (SCHEMES.md's experiment, corrected),
+// run every cache scheme end to end (perplexity, KL, top-1, passkey recall,
+// bytes), and return every number as the JSON object that
+// /work/wt/STUDY_SCHEMA.md (docs/study.md) fixes. The CLI prints a table
+// from it and the report renders it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/loaded_model.h"
+#include "engine/study_e2e.h"
+
+namespace kvq {
+
+struct StudyOptions {
+  std::string model_path;  // for the JSON header
+  std::string text_path;
+  std::string command;  // argv joined
+  bool quick = false;
+  int64_t context = 1024;         // perplexity window (tokens)
+  int64_t chunks = 4;             // perplexity windows (0 = the whole text)
+  int64_t capture_tokens = 1024;  // tokens captured for sections 1-3
+  int64_t batch = 512;            // tokens per forward call
+  std::vector<SchemeSpec> schemes;
+  RecallOptions recall;
+  std::vector<int> fake_quant_bits = {2, 4};
+  int64_t token_group = 32;          // per-channel statistics block (KIVI's G)
+  std::string dump_path;             // --dump: captured tensors as safetensors ("" = none)
+  std::string baseline_logits_path;  // scratch file for the f16 run's log-probs
+  std::vector<int64_t> memory_contexts = {512, 1024, 2048, 4096, 8192, 16384, 32768};
+  int threads = 1;
+};
+
+struct StudyEvent {
+  std::string stage;   // "capture", "outliers", "fake_quant", "scheme 3/10 int4"
+  std::string detail;  // e.g. "perplexity", "recall"
+  int64_t done = 0, total = 0;
+};
+
+// Checks the options against the model and text before any heavy work
+// (context fits, text long enough, schemes known).
+Status ValidateStudy(const LoadedModel& model, const std::vector<int32_t>& text_tokens,
+                     const StudyOptions& options);
+
+StatusOr<nlohmann::json> RunStudy(LoadedModel& model, const std::string& text,
+                                  const StudyOptions& options,
+                                  const std::function<void(const StudyEvent&)>& progress = nullptr);
+
+// The held-out text `kvq study` uses without -f: .deps/corpus/test.txt in the
+// working directory, else beside the binary's source tree; "" if absent.
+std::string DefaultStudyTextPath();
+
+// A finite number, or null (JSON has no NaN / inf).
+nlohmann::json JsonNumber(double x);
+
+}  // namespace kvq

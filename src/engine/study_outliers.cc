@@ -1,0 +1,106 @@
+#include "engine/study_outliers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/study_quant.h"
+
+namespace kvq {
+namespace {
+
+// [kv_heads][head_dim] mean |x| over tokens of x[tokens, heads, head_dim].
+std::vector<std::vector<double>> ChannelMeanAbs(const std::vector<float>& x, int64_t tokens,
+                                                int64_t heads, int64_t head_dim) {
+  std::vector<std::vector<double>> mean(heads, std::vector<double>(head_dim, 0.0));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* row = x.data() + (t * heads + h) * head_dim;
+      for (int64_t c = 0; c < head_dim; ++c) mean[h][c] += std::fabs(row[c]);
+    }
+  }
+  for (auto& head : mean) {
+    for (double& m : head) m /= static_cast<double>(std::max<int64_t>(tokens, 1));
+  }
+  return mean;
+}
+
+}  // namespace
+
+std::vector<int> OutlierChannels(const std::vector<double>& mean_abs, double ratio) {
+  std::vector<int> out;
+  if (mean_abs.empty()) return out;
+  std::vector<double> sorted = mean_abs;
+  const size_t mid = sorted.size() / 2;
+  std::nth_element(sorted.begin(), sorted.begin() + mid, sorted.end());
+  double median = sorted[mid];
+  if (sorted.size() % 2 == 0) {
+    median = 0.5 * (median + *std::max_element(sorted.begin(), sorted.begin() + mid));
+  }
+  for (size_t c = 0; c < mean_abs.size(); ++c) {
+    if (mean_abs[c] > ratio * median) out.push_back(static_cast<int>(c));
+  }
+  return out;
+}
+
+double OutlierConsistency(const float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                          int64_t h, const std::vector<int>& outliers) {
+  if (outliers.empty() || tokens < 1) return std::numeric_limits<double>::quiet_NaN();
+  const size_t m = outliers.size();
+  std::vector<int> order(head_dim);  // channel indices, largest |x| first
+  int64_t hits = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* row = x + (t * heads + h) * head_dim;
+    for (int64_t c = 0; c < head_dim; ++c) order[c] = static_cast<int>(c);
+    std::partial_sort(order.begin(), order.begin() + m, order.end(),
+                      [row](int a, int b) { return std::fabs(row[a]) > std::fabs(row[b]); });
+    std::sort(order.begin(), order.begin() + m);
+    hits += std::equal(outliers.begin(), outliers.end(), order.begin()) ? 1 : 0;
+  }
+  return static_cast<double>(hits) / static_cast<double>(tokens);
+}
+
+std::vector<LayerOutliers> AnalyzeOutliers(const StudyCapture& capture,
+                                           const std::function<void(int64_t, int64_t)>& on_layer) {
+  const KvShape& s = capture.shape;
+  const int64_t T = capture.tokens, d = s.head_dim, kvh = s.num_kv_heads;
+  const int64_t group = kvh > 0 ? s.num_heads / kvh : 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<LayerOutliers> result;
+  std::vector<float> qh(T * d), kh(T * d), scores(T * T);  // [T, d], [T, d], [T, T]
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const LayerCapture& c = capture.layers[l];
+    LayerOutliers out;
+    out.layer = l;
+    out.k_pre_mean_abs = ChannelMeanAbs(c.k_pre_rope, T, kvh, d);
+    out.k_post_mean_abs = ChannelMeanAbs(c.k, T, kvh, d);
+    out.v_mean_abs = ChannelMeanAbs(c.v, T, kvh, d);
+    for (int64_t h = 0; h < kvh; ++h) {
+      out.k_pre_outliers.push_back(OutlierChannels(out.k_pre_mean_abs[h], kOutlierRatio));
+      out.k_post_outliers.push_back(OutlierChannels(out.k_post_mean_abs[h], kOutlierRatio));
+      out.v_outliers.push_back(OutlierChannels(out.v_mean_abs[h], kOutlierRatio));
+      out.k_pre_consistency.push_back(
+          OutlierConsistency(c.k_pre_rope.data(), T, kvh, d, h, out.k_pre_outliers.back()));
+      out.k_post_consistency.push_back(
+          OutlierConsistency(c.k.data(), T, kvh, d, h, out.k_post_outliers.back()));
+    }
+    double sink = 0;
+    int64_t rows = 0;
+    for (int64_t h = 0; h < s.num_heads && T > 1; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        std::copy_n(c.q.data() + (t * s.num_heads + h) * d, d, qh.data() + t * d);
+        std::copy_n(c.k.data() + (t * kvh + h / group) * d, d, kh.data() + t * d);
+      }
+      CausalScores(qh.data(), kh.data(), T, d, scale, scores.data());
+      CausalSoftmax(T, scores.data());
+      for (int64_t i = 1; i < T; ++i) sink += scores[i * T];
+      rows += T - 1;
+    }
+    out.sink_mass = rows > 0 ? sink / static_cast<double>(rows) : 0;
+    result.push_back(std::move(out));
+    if (on_layer) on_layer(l + 1, s.num_layers);
+  }
+  return result;
+}
+
+}  // namespace kvq

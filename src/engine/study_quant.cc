@@ -1,0 +1,307 @@
+#include "engine/study_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvq {
+namespace {
+
+// 8 independent partial sums so the compiler can keep several FMAs in flight.
+float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float sum = 0;
+  for (; i < n; ++i) sum += a[i] * b[i];
+  for (int j = 0; j < 8; ++j) sum += acc[j];
+  return sum;
+}
+
+// [T, heads, d] -> [T, d] of head h.
+void ExtractHead(const float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
+                 float* out) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::copy_n(x + (t * heads + h) * head_dim, head_dim, out + t * head_dim);
+  }
+}
+
+// log-sum-exp of scores row i over j <= i, in double.
+double RowLse(const float* row, int64_t i) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j <= i; ++j) max = std::max(max, static_cast<double>(row[j]));
+  double sum = 0;
+  for (int64_t j = 0; j <= i; ++j) sum += std::exp(static_cast<double>(row[j]) - max);
+  return max + std::log(sum);
+}
+
+struct Sums {
+  double score_err = 0, score_ref = 0, kl = 0, out_err = 0, out_ref = 0;
+  int64_t rows = 0;
+  FakeQuantMetrics Metrics() const {
+    FakeQuantMetrics m;
+    m.score_rel_error = score_ref > 0 ? std::sqrt(score_err / score_ref) : 0;
+    m.prob_kl = rows > 0 ? kl / static_cast<double>(rows) : 0;
+    m.output_rel_error = out_ref > 0 ? std::sqrt(out_err / out_ref) : 0;
+    return m;
+  }
+};
+
+struct KChoice {
+  QuantAxis axis;
+  QuantFormula formula;
+  bool pre_rope;
+  int bits;
+  bool operator==(const KChoice& o) const {
+    return axis == o.axis && formula == o.formula && pre_rope == o.pre_rope && bits == o.bits;
+  }
+};
+struct VChoice {
+  QuantAxis axis;
+  QuantFormula formula;
+  int bits;
+  bool operator==(const VChoice& o) const {
+    return axis == o.axis && formula == o.formula && bits == o.bits;
+  }
+};
+
+template <typename T>
+size_t IndexOf(std::vector<T>& list, const T& item) {
+  auto it = std::find(list.begin(), list.end(), item);
+  if (it != list.end()) return static_cast<size_t>(it - list.begin());
+  list.push_back(item);
+  return list.size() - 1;
+}
+
+}  // namespace
+
+const char* QuantAxisName(QuantAxis axis) {
+  return axis == QuantAxis::kToken ? "token" : "channel";
+}
+
+void FakeQuantGroup(const float* x, int64_t n, int64_t stride, int bits, QuantFormula formula,
+                    float* out) {
+  if (formula == QuantFormula::kAsymmetric) {
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    for (int64_t i = 0; i < n; ++i) {
+      lo = std::min(lo, x[i * stride]);
+      hi = std::max(hi, x[i * stride]);
+    }
+    if (!(hi > lo)) {  // constant group (or empty): one level reproduces it exactly
+      for (int64_t i = 0; i < n; ++i) out[i * stride] = x[i * stride];
+      return;
+    }
+    const double top = static_cast<double>((int64_t{1} << bits) - 1);  // 2^b levels: 0..top
+    const double step = (static_cast<double>(hi) - lo) / top;
+    for (int64_t i = 0; i < n; ++i) {
+      const double q =
+          std::clamp(std::nearbyint((x[i * stride] - static_cast<double>(lo)) / step), 0.0, top);
+      out[i * stride] = static_cast<float>(lo + q * step);
+    }
+    return;
+  }
+  // The write-up's formula, verbatim: 2^(b+1) levels, symmetric.
+  float absmax = 0;
+  for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i * stride]));
+  if (absmax == 0) {
+    for (int64_t i = 0; i < n; ++i) out[i * stride] = 0;
+    return;
+  }
+  const double qmax = static_cast<double>((int64_t{1} << bits) - 1);
+  const double scale = absmax / qmax;
+  for (int64_t i = 0; i < n; ++i) {
+    const double q = std::clamp(std::nearbyint(x[i * stride] / scale), -qmax - 1, qmax);
+    out[i * stride] = static_cast<float>(q * scale);
+  }
+}
+
+void FakeQuantize(const float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                  const QuantSpec& spec, float* out) {
+  if (spec.axis == QuantAxis::kToken) {
+    for (int64_t r = 0; r < tokens * heads; ++r) {
+      FakeQuantGroup(x + r * head_dim, head_dim, 1, spec.bits, spec.formula, out + r * head_dim);
+    }
+    return;
+  }
+  const int64_t stride = heads * head_dim;
+  const int64_t group = std::max<int64_t>(1, spec.token_group);
+  for (int64_t t0 = 0; t0 < tokens; t0 += group) {
+    const int64_t n = std::min(group, tokens - t0);
+    for (int64_t c = 0; c < stride; ++c) {
+      FakeQuantGroup(x + t0 * stride + c, n, stride, spec.bits, spec.formula,
+                     out + t0 * stride + c);
+    }
+  }
+}
+
+void CausalScores(const float* q, const float* k, int64_t tokens, int64_t head_dim, float scale,
+                  float* scores) {
+  for (int64_t i = 0; i < tokens; ++i) {
+    const float* qi = q + i * head_dim;
+    float* row = scores + i * tokens;
+    for (int64_t j = 0; j <= i; ++j) row[j] = scale * Dot(qi, k + j * head_dim, head_dim);
+  }
+}
+
+void CausalSoftmax(int64_t tokens, float* probs) {
+  for (int64_t i = 0; i < tokens; ++i) {
+    float* row = probs + i * tokens;
+    const double lse = RowLse(row, i);
+    for (int64_t j = 0; j <= i; ++j) row[j] = static_cast<float>(std::exp(row[j] - lse));
+  }
+}
+
+void CausalOutput(const float* probs, const float* v, int64_t tokens, int64_t head_dim,
+                  float* out) {
+  for (int64_t i = 0; i < tokens; ++i) {
+    float* o = out + i * head_dim;
+    std::fill_n(o, head_dim, 0.0f);
+    const float* row = probs + i * tokens;
+    for (int64_t j = 0; j <= i; ++j) {
+      const float p = row[j];
+      const float* vj = v + j * head_dim;
+      for (int64_t c = 0; c < head_dim; ++c) o[c] += p * vj[c];
+    }
+  }
+}
+
+std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits) {
+  std::vector<FakeQuantRow> rows;
+  for (int b : bits) {
+    auto add = [&](std::string name, QuantAxis k, QuantAxis v, QuantFormula f, bool pre) {
+      FakeQuantRow row;
+      row.name = std::move(name);
+      row.k_axis = k;
+      row.v_axis = v;
+      row.formula = f;
+      row.k_pre_rope = pre;
+      row.bits = b;
+      rows.push_back(std::move(row));
+    };
+    const auto tok = QuantAxis::kToken, ch = QuantAxis::kChannel;
+    const auto asym = QuantFormula::kAsymmetric, lit = QuantFormula::kLiteralWriteup;
+    add("K,V per-token", tok, tok, asym, false);
+    add("K,V per-channel", ch, ch, asym, false);
+    add("K per-channel, V per-token (KIVI)", ch, tok, asym, false);
+    add("K per-token, V per-channel", tok, ch, asym, false);
+    add("K per-channel pre-RoPE, V per-token (KVQuant-style)", ch, tok, asym, true);
+    add("LITERAL write-up formula (2^(b+1) levels): K,V per-token", tok, tok, lit, false);
+    add("LITERAL write-up formula (2^(b+1) levels): K,V per-channel", ch, ch, lit, false);
+  }
+  return rows;
+}
+
+Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options,
+                    std::vector<FakeQuantRow>* rows,
+                    const std::function<void(int64_t, int64_t)>& on_layer) {
+  const KvShape& s = capture.shape;
+  const int64_t T = capture.tokens, d = s.head_dim;
+  if (T < 1 || s.num_kv_heads < 1 || s.num_heads % s.num_kv_heads != 0) {
+    return Status::Error("fake quant: empty capture or bad head counts");
+  }
+  std::vector<KChoice> k_choices;
+  std::vector<VChoice> v_choices;
+  std::vector<size_t> row_k, row_v;  // [rows] indices into the choices
+  for (const FakeQuantRow& r : *rows) {
+    if (r.bits < 1 || r.bits > 16) return Status::Error("fake quant: bits must be 1..16");
+    if (r.k_pre_rope && !options.rope) {
+      return Status::Error("fake quant: a pre-RoPE row needs the model's RoPE");
+    }
+    row_k.push_back(IndexOf(k_choices, KChoice{r.k_axis, r.formula, r.k_pre_rope, r.bits}));
+    row_v.push_back(IndexOf(v_choices, VChoice{r.v_axis, r.formula, r.bits}));
+  }
+  const int64_t kv_elems = T * s.num_kv_heads * d;
+  const int64_t group = s.num_heads / s.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<Sums> total(rows->size());
+  std::vector<std::vector<Sums>> per_layer(rows->size(), std::vector<Sums>(s.num_layers));
+
+  std::vector<std::vector<float>> k_q(k_choices.size()), v_q(v_choices.size());  // [T, kvh, d]
+  std::vector<float> qh(T * d), kh(T * d), vh(T * d);                            // [T, d]
+  std::vector<float> s_ref(T * T), p_ref(T * T), s_hat(T * T);                   // [T, T]
+  std::vector<float> o_ref(T * d), o_hat(T * d);                                 // [T, d]
+  std::vector<double> lse_ref(T);                                                // [T]
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const LayerCapture& c = capture.layers[l];
+    for (size_t i = 0; i < k_choices.size(); ++i) {
+      const KChoice& kc = k_choices[i];
+      QuantSpec spec{kc.axis, kc.bits, kc.formula, options.token_group};
+      k_q[i].resize(kv_elems);
+      FakeQuantize(kc.pre_rope ? c.k_pre_rope.data() : c.k.data(), T, s.num_kv_heads, d, spec,
+                   k_q[i].data());
+      if (kc.pre_rope) options.rope(k_q[i].data(), T, s.num_kv_heads);
+    }
+    for (size_t i = 0; i < v_choices.size(); ++i) {
+      const VChoice& vc = v_choices[i];
+      QuantSpec spec{vc.axis, vc.bits, vc.formula, options.token_group};
+      v_q[i].resize(kv_elems);
+      FakeQuantize(c.v.data(), T, s.num_kv_heads, d, spec, v_q[i].data());
+    }
+    for (int64_t h = 0; h < s.num_heads; ++h) {
+      const int64_t g = h / group;
+      ExtractHead(c.q.data(), T, s.num_heads, d, h, qh.data());
+      ExtractHead(c.k.data(), T, s.num_kv_heads, d, g, kh.data());
+      ExtractHead(c.v.data(), T, s.num_kv_heads, d, g, vh.data());
+      CausalScores(qh.data(), kh.data(), T, d, scale, s_ref.data());
+      double score_ref = 0;
+      for (int64_t i = 0; i < T; ++i) {
+        lse_ref[i] = RowLse(s_ref.data() + i * T, i);
+        for (int64_t j = 0; j <= i; ++j) {
+          const double x = s_ref[i * T + j];
+          score_ref += x * x;
+          p_ref[i * T + j] = static_cast<float>(std::exp(x - lse_ref[i]));
+        }
+      }
+      CausalOutput(p_ref.data(), vh.data(), T, d, o_ref.data());
+      double out_ref = 0;
+      for (float x : o_ref) out_ref += static_cast<double>(x) * x;
+
+      for (size_t ki = 0; ki < k_choices.size(); ++ki) {
+        ExtractHead(k_q[ki].data(), T, s.num_kv_heads, d, g, kh.data());
+        CausalScores(qh.data(), kh.data(), T, d, scale, s_hat.data());
+        double score_err = 0, kl = 0;
+        for (int64_t i = 0; i < T; ++i) {
+          float* row = s_hat.data() + i * T;
+          const double lse = RowLse(row, i);
+          for (int64_t j = 0; j <= i; ++j) {
+            const double ref = s_ref[i * T + j], hat = row[j];
+            score_err += (hat - ref) * (hat - ref);
+            // KL from log-probabilities, so an underflowed p^ cannot blow up.
+            kl += p_ref[i * T + j] * ((ref - lse_ref[i]) - (hat - lse));
+            row[j] = static_cast<float>(std::exp(hat - lse));  // now P^
+          }
+        }
+        for (size_t r = 0; r < rows->size(); ++r) {
+          if (row_k[r] != ki) continue;
+          ExtractHead(v_q[row_v[r]].data(), T, s.num_kv_heads, d, g, vh.data());
+          CausalOutput(s_hat.data(), vh.data(), T, d, o_hat.data());
+          double out_err = 0;
+          for (int64_t i = 0; i < T * d; ++i) {
+            const double e = static_cast<double>(o_hat[i]) - o_ref[i];
+            out_err += e * e;
+          }
+          for (Sums* sums : {&total[r], &per_layer[r][l]}) {
+            sums->score_err += score_err;
+            sums->score_ref += score_ref;
+            sums->kl += kl;
+            sums->out_err += out_err;
+            sums->out_ref += out_ref;
+            sums->rows += T;
+          }
+        }
+      }
+    }
+    if (on_layer) on_layer(l + 1, s.num_layers);
+  }
+  for (size_t r = 0; r < rows->size(); ++r) {
+    FakeQuantRow& row = (*rows)[r];
+    row.overall = total[r].Metrics();
+    row.per_layer.clear();
+    for (int64_t l = 0; l < s.num_layers; ++l) row.per_layer.push_back(per_layer[r][l].Metrics());
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvq

@@ -1,0 +1,237 @@
+#include "engine/study_quant.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace kvq {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float lo = -3.0f, float hi = 5.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+size_t DistinctValues(const std::vector<float>& x) {
+  return std::set<float>(x.begin(), x.end()).size();
+}
+
+// b bits -> exactly 2^b levels: 4096 uniform values hit every level (the
+// chance that one of <= 256 equal-width bins stays empty is ~256 (1-1/256)^4096
+// ~ 3e-5), and never more than 2^b.
+TEST(StudyQuantTest, AsymmetricHasExactlyTwoToTheBLevels) {
+  for (int bits = 1; bits <= 8; ++bits) {
+    const std::vector<float> x = Random(4096, 100 + bits);
+    std::vector<float> out(x.size());
+    FakeQuantGroup(x.data(), static_cast<int64_t>(x.size()), 1, bits, QuantFormula::kAsymmetric,
+                   out.data());
+    EXPECT_EQ(DistinctValues(out), size_t{1} << bits) << bits << " bits";
+  }
+}
+
+// Round to nearest on a grid of step (max - min) / (2^b - 1): |x - x^| <= step / 2.
+// The level lo + q * step is computed in double and rounded to f32 once, which
+// adds at most half an f32 ulp of the largest magnitude (2^-24 * 5 here).
+TEST(StudyQuantTest, AsymmetricErrorWithinHalfStep) {
+  for (int bits : {2, 3, 4, 8}) {
+    for (int64_t stride : {1, 3}) {
+      const int64_t n = 77;
+      const std::vector<float> x = Random(n * stride, 7 * bits + stride);
+      std::vector<float> out(x.size(), 0.0f);
+      FakeQuantGroup(x.data(), n, stride, bits, QuantFormula::kAsymmetric, out.data());
+      float lo = INFINITY, hi = -INFINITY;
+      for (int64_t i = 0; i < n; ++i) {
+        lo = std::min(lo, x[i * stride]);
+        hi = std::max(hi, x[i * stride]);
+      }
+      const double step = (static_cast<double>(hi) - lo) / ((1 << bits) - 1);
+      const double bound = step / 2 + 5.0 * std::ldexp(1.0, -24);
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_LE(std::fabs(out[i * stride] - x[i * stride]), bound) << bits << " bits, i " << i;
+        if (stride > 1) {
+          EXPECT_EQ(out[i * stride + 1], 0.0f);  // elements between are untouched
+        }
+      }
+      // The minimum is level 0 itself, reproduced exactly.
+      float out_lo = INFINITY;
+      for (int64_t i = 0; i < n; ++i) out_lo = std::min(out_lo, out[i * stride]);
+      EXPECT_EQ(out_lo, lo);
+    }
+  }
+}
+
+TEST(StudyQuantTest, ConstantInputIsExact) {
+  for (QuantFormula f : {QuantFormula::kAsymmetric, QuantFormula::kLiteralWriteup}) {
+    std::vector<float> x(33, -2.71828f), out(33);
+    FakeQuantGroup(x.data(), 33, 1, 2, f, out.data());
+    if (f == QuantFormula::kAsymmetric) {
+      EXPECT_EQ(out, x);
+    } else {
+      // Symmetric: the constant is the absmax, level qmax * absmax / qmax.
+      for (float v : out) EXPECT_NEAR(v, -2.71828f, 1e-6f);
+    }
+  }
+}
+
+// The write-up's formula: scale = absmax / (2^b - 1), clamp to [-2^b, 2^b - 1].
+// Since |x| <= absmax, round(x / scale) never goes below -(2^b - 1), so it
+// uses 2^(b+1) - 1 levels: 7 for its "2-bit", more than a 2-bit grid's 4.
+TEST(StudyQuantTest, LiteralFormulaUsesMoreThanTwoToTheBLevels) {
+  for (int bits : {2, 4}) {
+    const std::vector<float> x = Random(4096, 5 + bits, -1.0f, 1.0f);
+    std::vector<float> out(x.size());
+    FakeQuantGroup(x.data(), 4096, 1, bits, QuantFormula::kLiteralWriteup, out.data());
+    EXPECT_EQ(DistinctValues(out), (size_t{2} << bits) - 1) << bits;
+    EXPECT_GT(DistinctValues(out), size_t{1} << bits);
+  }
+}
+
+// Per-channel groups run along tokens: a K whose every channel is constant
+// over tokens is reproduced exactly per-channel but not per-token.
+TEST(StudyQuantTest, PerChannelGroupsRunAlongTokens) {
+  const int64_t T = 45, H = 2, D = 8;  // 45 = one group of 32 and a partial one of 13
+  std::vector<float> x(T * H * D), out(x.size());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t c = 0; c < D; ++c) x[(t * H + h) * D + c] = 0.37f * c - 1.1f * h + 0.01f * c * c;
+    }
+  }
+  QuantSpec spec{QuantAxis::kChannel, 2, QuantFormula::kAsymmetric, 32};
+  FakeQuantize(x.data(), T, H, D, spec, out.data());
+  EXPECT_EQ(out, x);
+  spec.axis = QuantAxis::kToken;
+  FakeQuantize(x.data(), T, H, D, spec, out.data());
+  EXPECT_NE(out, x);
+}
+
+// The partial last block uses its own statistics: a jump after token 32
+// would blow the error up if the block straddled it.
+TEST(StudyQuantTest, PerChannelBlocksHaveTheirOwnRange) {
+  const int64_t T = 40, H = 1, D = 1;
+  std::vector<float> x(T), out(T);
+  for (int64_t t = 0; t < T; ++t) x[t] = t < 32 ? 0.01f * t : 1000.0f + 0.01f * t;
+  FakeQuantize(x.data(), T, H, D, {QuantAxis::kChannel, 2, QuantFormula::kAsymmetric, 32},
+               out.data());
+  // Block 0 spans [0, 0.31], step 0.31 / 3; block 1 [1000.32, 1000.39].
+  for (int64_t t = 0; t < T; ++t) EXPECT_LE(std::fabs(out[t] - x[t]), 0.31 / 6 + 1e-4) << t;
+}
+
+// RunFakeQuant's sums against a direct computation for one small capture.
+TEST(StudyQuantTest, MetricsMatchDirectComputation) {
+  StudyCapture cap;
+  cap.shape = KvShape{1, 2, 1, 8};
+  cap.tokens = 9;
+  const int64_t T = 9, D = 8;
+  cap.layers.resize(1);
+  cap.layers[0].q = Random(T * 2 * D, 1);
+  cap.layers[0].k = Random(T * D, 2);
+  cap.layers[0].k_pre_rope = cap.layers[0].k;
+  cap.layers[0].v = Random(T * D, 3);
+  FakeQuantRow row;
+  row.k_axis = QuantAxis::kChannel;
+  row.v_axis = QuantAxis::kToken;
+  row.bits = 2;
+  std::vector<FakeQuantRow> rows = {row};
+  FakeQuantOptions options;
+  options.token_group = 4;
+  ASSERT_TRUE(RunFakeQuant(cap, options, &rows).ok());
+
+  std::vector<float> kq(T * D), vq(T * D);
+  FakeQuantize(cap.layers[0].k.data(), T, 1, D,
+               {QuantAxis::kChannel, 2, QuantFormula::kAsymmetric, 4}, kq.data());
+  FakeQuantize(cap.layers[0].v.data(), T, 1, D,
+               {QuantAxis::kToken, 2, QuantFormula::kAsymmetric, 4}, vq.data());
+  double s_err = 0, s_ref = 0, kl = 0, o_err = 0, o_ref = 0;
+  const double scale = 1.0 / std::sqrt(8.0);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < T; ++i) {
+      std::vector<double> s(i + 1), sh(i + 1);
+      for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t c = 0; c < D; ++c) {
+          const double q = cap.layers[0].q[(i * 2 + h) * D + c];
+          s[j] += scale * q * cap.layers[0].k[j * D + c];
+          sh[j] += scale * q * kq[j * D + c];
+        }
+        s_err += (sh[j] - s[j]) * (sh[j] - s[j]);
+        s_ref += s[j] * s[j];
+      }
+      double z = 0, zh = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        z += std::exp(s[j]);
+        zh += std::exp(sh[j]);
+      }
+      std::vector<double> o(D), oh(D);
+      for (int64_t j = 0; j <= i; ++j) {
+        const double p = std::exp(s[j]) / z, ph = std::exp(sh[j]) / zh;
+        kl += p * std::log(p / ph);
+        for (int64_t c = 0; c < D; ++c) {
+          o[c] += p * cap.layers[0].v[j * D + c];
+          oh[c] += ph * vq[j * D + c];
+        }
+      }
+      for (int64_t c = 0; c < D; ++c) {
+        o_err += (oh[c] - o[c]) * (oh[c] - o[c]);
+        o_ref += o[c] * o[c];
+      }
+    }
+  }
+  // f32 scores and outputs vs this double version: ~1e-6 relative; 1e-4 is loose
+  // enough for the KL of 18 rows summed from f32 probabilities.
+  const FakeQuantMetrics& m = rows[0].overall;
+  EXPECT_NEAR(m.score_rel_error, std::sqrt(s_err / s_ref), 1e-4);
+  EXPECT_NEAR(m.prob_kl, kl / (2 * T), 1e-4);
+  EXPECT_NEAR(m.output_rel_error, std::sqrt(o_err / o_ref), 1e-4);
+  ASSERT_EQ(rows[0].per_layer.size(), 1u);
+  EXPECT_DOUBLE_EQ(rows[0].per_layer[0].score_rel_error, m.score_rel_error);
+}
+
+// Scores and probabilities depend on K only: rows that share the K choice
+// share those metrics, and V's choice shows only in the output error.
+TEST(StudyQuantTest, VChoiceIsInvisibleToScoresButNotToOutputs) {
+  StudyCapture cap;
+  cap.shape = KvShape{2, 4, 2, 16};
+  cap.tokens = 40;
+  cap.layers.resize(2);
+  for (int l = 0; l < 2; ++l) {
+    cap.layers[l].q = Random(40 * 4 * 16, 10 + l);
+    cap.layers[l].k = Random(40 * 2 * 16, 20 + l);
+    cap.layers[l].k_pre_rope = cap.layers[l].k;
+    cap.layers[l].v = Random(40 * 2 * 16, 30 + l);
+  }
+  std::vector<FakeQuantRow> rows = StudyFakeQuantRows({2});
+  rows.erase(
+      std::remove_if(rows.begin(), rows.end(), [](const FakeQuantRow& r) { return r.k_pre_rope; }),
+      rows.end());
+  ASSERT_TRUE(RunFakeQuant(cap, FakeQuantOptions{}, &rows).ok());
+  const FakeQuantRow& kv_channel = rows[1];  // K,V per-channel
+  const FakeQuantRow& kivi = rows[2];        // K per-channel, V per-token
+  EXPECT_EQ(kv_channel.overall.score_rel_error, kivi.overall.score_rel_error);
+  EXPECT_EQ(kv_channel.overall.prob_kl, kivi.overall.prob_kl);
+  EXPECT_NE(kv_channel.overall.output_rel_error, kivi.overall.output_rel_error);
+  for (const FakeQuantRow& r : rows) {
+    EXPECT_GT(r.overall.score_rel_error, 0);
+    EXPECT_GE(r.overall.prob_kl, 0);
+    EXPECT_EQ(r.per_layer.size(), 2u);
+  }
+}
+
+TEST(StudyQuantTest, PreRopeRowNeedsRope) {
+  StudyCapture cap;
+  cap.shape = KvShape{1, 1, 1, 8};
+  cap.tokens = 2;
+  cap.layers.resize(1);
+  cap.layers[0].q = cap.layers[0].k = cap.layers[0].k_pre_rope = cap.layers[0].v =
+      std::vector<float>(16, 1.0f);
+  std::vector<FakeQuantRow> rows = StudyFakeQuantRows({4});
+  EXPECT_FALSE(RunFakeQuant(cap, FakeQuantOptions{}, &rows).ok());
+}
+
+}  // namespace
+}  // namespace kvq

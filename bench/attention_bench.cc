@@ -29,11 +29,14 @@ namespace kvq {
 namespace {
 
 constexpr int64_t kHeads = 14, kKvHeads = 2, kHeadDim = 64;
-constexpr int64_t kRotateBytes = int64_t{512} << 20;
+// Bytes of distinct cache layers each benchmark cycles through (beyond the
+// caches), unless its third argument (MiB) says otherwise.
+constexpr int64_t kRotateMiB = 512;
 
 void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   const int64_t context = state.range(0);
   const int threads = static_cast<int>(state.range(1));
+  const int64_t rotate_bytes = state.range(2) << 20;
   KvCacheOptions options;
   options.k_type = options.v_type = codec;
   options.max_tokens = context;
@@ -47,7 +50,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   // Bytes one decode step of one layer reads: every stored row, K and V.
   const int64_t bytes =
       context * kKvHeads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
-  shape.num_layers = std::clamp<int64_t>((kRotateBytes + bytes - 1) / bytes, 1, 4096);
+  shape.num_layers = std::clamp<int64_t>((rotate_bytes + bytes - 1) / bytes, 1, 4096);
   auto made = MakeKvCache(shape, options);
   if (!made.ok()) {
     state.SkipWithError(made.status().message().c_str());
@@ -73,7 +76,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   std::vector<float> q(static_cast<size_t>(kHeads * kHeadDim)), out(q.size());  // [heads, dim]
   for (float& x : q) x = normal(rng);
   const float scale = 0.125f;
-  const int64_t probe_words = std::max(kRotateBytes, 2 * bytes) / 8;
+  const int64_t probe_words = std::max(rotate_bytes, 2 * bytes) / 8;
   std::vector<uint64_t> probe(static_cast<size_t>(probe_words), 1);
   const int64_t window = (bytes + 7) / 8;
   int64_t layer = 0, offset = 0;
@@ -101,13 +104,23 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
 }
 
 void RegisterAll() {
-  for (const char* codec : {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2"}) {
+  for (const char* codec :
+       {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2", "gear2", "gear4"}) {
     const std::string name = std::string("DecodeAttention/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
-    b->ArgNames({"ctx", "threads"})->UseManualTime();
+    b->ArgNames({"ctx", "threads", "rotate_mib"})->UseManualTime();
     for (int threads : {1, 2}) {
-      for (int64_t context : {1024, 4096, 16384, 32768}) b->Args({context, threads});
+      for (int64_t context : {1024, 4096, 16384, 32768}) b->Args({context, threads, kRotateMiB});
     }
+  }
+  // GEAR encodes each 64-token tile with a power iteration and an outlier
+  // search: filling 512 MiB of layers takes minutes on a shared core. These
+  // rows cycle through 64 MiB instead (within this machine's L3, so they
+  // compare kernel compute, which dominates here anyway; docs/benchmarks.md).
+  for (const char* codec : {"f16", "int4", "kivi2", "gear2", "gear4"}) {
+    const std::string name = std::string("DecodeAttentionL3/") + codec;
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
+    b->ArgNames({"ctx", "threads", "rotate_mib"})->UseManualTime()->Args({4096, 1, 64});
   }
 }
 

@@ -72,6 +72,11 @@ StatusOr<int> NominalBits(const std::string& codec_name) {
   const std::string base = codec_name.substr(0, codec_name.find_first_of("-/"));
   if (base == "kivi2") return 2;
   if (base == "kivi4") return 4;
+  // GEAR's nominal width is its base quantizer's; the exact bytes add the
+  // low-rank factors and outlier slots.
+  if (base == "gear2") return 2;
+  if (base == "gear4") return 4;
+  if (base == "gear8") return 8;
   if (base == "f32") return 32;
   if (base == "f16" || base == "bf16") return 16;
   if (base == "fp8_e4m3" || base == "fp8_e5m2" || base == "int8") return 8;

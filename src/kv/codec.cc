@@ -45,12 +45,14 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 }
 
 Status BadName(const std::string& name, const std::string& why) {
-  return Status::Error("KV cache type '" + name + "': " + why +
-                       " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
-                       "optional -g32/-g64/-g128 (per token) or -c32/-c64/-c128 (per channel) and "
-                       "-sym/-asym, e.g. int4-g64-sym; aliases fp8, q8_0, q4_0, q4_1; streaming "
-                       "options -rN (N newest tokens in f16), -sN (first N tokens in f16), "
-                       "-prerope (K before RoPE))");
+  return Status::Error(
+      "KV cache type '" + name + "': " + why +
+      " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
+      "optional -g32/-g64/-g128 (per token) or -c32/-c64/-c128 (per channel) and "
+      "-sym/-asym, e.g. int4-g64-sym; gear2/gear4 (GEAR, e.g. gear2-c64-rank4-iter3-out2); "
+      "aliases fp8, q8_0, q4_0, q4_1; streaming "
+      "options -rN (N newest tokens in f16), -sN (first N tokens in f16), "
+      "-prerope (K before RoPE))");
 }
 
 // Non-negative decimal after a one-letter option ("r128"), or -1.
@@ -179,6 +181,10 @@ StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& spelled, int6
     if (name == a.alias) name = a.canonical;
   }
   std::unique_ptr<KvCodec> codec;
+  if (name.rfind("gear", 0) == 0) {
+    KVQ_ASSIGN_OR_RETURN(const codec::GearFormat format, codec::ParseGearFormat(name, spelled));
+    KVQ_ASSIGN_OR_RETURN(codec, codec::MakeGearCodec(format, head_dim, path));
+  }
   for (const FloatName& f : kFloatNames) {
     if (name == f.name) codec = codec::MakeFloatCodec(f.kind, head_dim, path);
     if (name.rfind(std::string(f.name) + "-", 0) == 0) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kv/codec.h"
 
@@ -65,6 +66,38 @@ uint8_t IntQuantizeRef(const IntFormat& f, const GroupParams& p, float x);
 // Stores code u of element i (0 <= i < head_dim) into a row's code bytes.
 void IntPackRef(const IntFormat& f, int64_t i, uint8_t u, uint8_t* codes);
 uint8_t IntUnpackRef(const IntFormat& f, int64_t i, const uint8_t* codes);
+
+// ---- GEAR (codec_gear.cc) ----
+// Base quantizer + low-rank residual + sparse outliers per tile; the layout
+// and the algorithm are described at the top of codec_gear.cc.
+struct GearFormat {
+  int bits = 2;               // base quantizer bits (2, 4 or 8), asymmetric
+  bool per_channel = true;    // base: per channel over the tile (K) or per token (V)
+  int64_t group = 32;         // per token: channels per base group (32, 64, 128)
+  int64_t tile_tokens = 64;   // GEAR's buffer: tokens compressed together (32, 64, 128)
+  int rank = 4;               // low-rank factors reserved (and used) per tile, 0..16
+  int iterations = 3;         // power (subspace) iterations, 1..20
+  int outlier_permille = 20;  // sparse outliers per 1000 values (20 = 2%), 0..100
+  // The base quantizer as an integer format (per channel: group = tile_tokens).
+  IntFormat Base() const;
+  // Outlier slots per tile: ceil(permille / 1000 * tile_tokens * head_dim).
+  int64_t OutlierSlots(int64_t head_dim) const;
+  std::string Name() const;
+};
+// "gear2-c64-rank4-iter3-out2" -> format (no head_dim checks; MakeGearCodec
+// does those). `spelled` is the user's full name for messages.
+StatusOr<GearFormat> ParseGearFormat(const std::string& name, const std::string& spelled);
+StatusOr<std::unique_ptr<KvCodec>> MakeGearCodec(const GearFormat& format, int64_t head_dim,
+                                                 CodecPath path);
+// Test hook: a GEAR codec's tiles split into their parts, each [n, head_dim]:
+// the base quantizer's values, the low-rank term (A B)[t, c] as Decode sums
+// it, sum_j |A[t, j] B[j, c]| (for rounding bounds), and a 0/1 mask of the
+// sparse outliers (where Decode returns the stored value instead of the sum).
+// Error if `codec` is not a GEAR codec.
+struct GearParts {
+  std::vector<float> base, low_rank, low_rank_abs, outlier_mask;  // [n, head_dim] each
+};
+StatusOr<GearParts> GearDecodeParts(const KvCodec& codec, const uint8_t* rows, int64_t n);
 
 // ---- reference fused kernels ----
 // Scores / AccumulateV as codec.h defines them, computed by decoding each row

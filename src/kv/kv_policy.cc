@@ -15,6 +15,11 @@ struct Scheme {
 constexpr Scheme kSchemes[] = {
     {"kivi2", "int2-c32-asym-r128", "int2-g32-asym-r128"},
     {"kivi4", "int4-c32-asym-r128", "int4-g32-asym-r128"},
+    // GEAR (codec_gear.cc): KIVI-style base over 64-token tiles (the GEAR
+    // buffer; the newest < 64 tokens wait in f16), rank-4 residual from 3
+    // power iterations, 2% sparse outliers.
+    {"gear2", "gear2-c64-rank4-iter3-out2", "gear2-g32-t64-rank4-iter3-out2"},
+    {"gear4", "gear4-c64-rank4-iter3-out2", "gear4-g32-t64-rank4-iter3-out2"},
 };
 
 std::string Trim(const std::string& s) {

@@ -5,6 +5,9 @@
 //   kivi2, kivi4   KIVI (arXiv:2402.02750): K per channel over 32-token
 //                  groups, V per token over 32-channel groups, asymmetric,
 //                  the newest 128 tokens in f16 (KiviTypes gives other knobs).
+//   gear2, gear4   GEAR (arXiv:2403.05527): that base at 2/4 bits over 64-token
+//                  tiles (K per channel, V per token in 32-channel groups) plus
+//                  a rank-4 residual and 2% exact outliers per tile (codec_gear.cc).
 //   "K/V"          a pair of codec names, e.g. "f16/int4".
 //   anything else  a codec name (codec.h) used for both K and V.
 // A new scheme that is a pair of codecs is one line in kv_policy.cc.

@@ -22,8 +22,9 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
   const char* types =
       "f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2 (integer options as suffixes: "
       "int4-g64, int4-g32-sym, per channel int2-c32; defaults group 32, asymmetric; streaming "
-      "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, or K/V "
-      "pairs like f16/int4";
+      "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, gear2, "
+      "gear4 (GEAR codecs: gear2-c64-rank4-iter3-out2 for K, gear2-g32-t64-rank4-iter3-out2 "
+      "for V), or K/V pairs like f16/int4";
   cmd.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                  std::string("KV cache type for K and V: ") + types + " (default f16)");
   cmd.add_option("--cache-type-k", flags->cache_type_k,

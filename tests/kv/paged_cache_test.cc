@@ -66,11 +66,13 @@ double RawBound(const std::string& codec) {
 // this test covers new codecs as soon as they are registered.
 std::vector<std::string> AvailableCodecs() {
   std::vector<std::string> names;
-  for (const char* name : {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2",
-                           "int4-g64-sym", "int8-g128", "int2-g32-sym",
-                           // streaming: per-channel tiles, residual rings, sinks
-                           "int2-c32-asym-r64", "int8-c64-sym", "int4-g32-asym-r32",
-                           "int4-g32-asym-s3", "f16-r8-s1"}) {
+  for (const char* name :
+       {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2", "int4-g64-sym",
+        "int8-g128", "int2-g32-sym",
+        // streaming: per-channel tiles, residual rings, sinks
+        "int2-c32-asym-r64", "int8-c64-sym", "int4-g32-asym-r32", "int4-g32-asym-s3", "f16-r8-s1",
+        // GEAR: base + low-rank residual + sparse outliers per tile
+        "gear2", "gear4-g32-t32-rank2-iter2-out0.5-s2"}) {
     if (ParseKvCodec(name, 64).ok()) names.push_back(name);
   }
   return names;

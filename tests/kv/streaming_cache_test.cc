@@ -56,7 +56,8 @@ std::unique_ptr<PagedKvCache> Make(const KvShape& shape, const std::string& k_ty
   // steps block by block), room for four full sequences (forks).
   options.block_tokens = 32;
   auto layout = ComputeKvLayout(KvShape(shape), options);
-  if (layout.ok()) options.memory_bytes = layout->side_bytes + 4 * layout->SequenceBytes(max_tokens);
+  if (layout.ok())
+    options.memory_bytes = layout->side_bytes + 4 * layout->SequenceBytes(max_tokens);
   auto cache = PagedKvCache::Create(shape, options);
   EXPECT_TRUE(cache.ok()) << cache.status().message();
   return cache.ok() ? std::move(cache).value() : nullptr;
@@ -172,7 +173,8 @@ TEST(KvStreaming, TokenByTokenEqualsPrefill) {
   const KvShape shape{1, 6, 2, 64};
   const int64_t tokens = 333;
   const auto data = RandomLayers(shape, tokens, rng);
-  for (const char* scheme : {"kivi2", "kivi4", "int4-g32-r16-s2/int2-c64-sym-r64"}) {
+  for (const char* scheme :
+       {"kivi2", "kivi4", "int4-g32-r16-s2/int2-c64-sym-r64", "gear2", "gear4-g32-r128/gear4"}) {
     SCOPED_TRACE(scheme);
     auto types = ExpandKvScheme(scheme);
     ASSERT_TRUE(types.ok());

@@ -57,6 +57,8 @@
 
 namespace kvq {
 
+struct KvCalibration;  // kv/kv_calibration.h
+
 inline constexpr int64_t kMaxCodecHeadDim = 1024;
 
 // How the cache feeds a codec over time (docs/ARCHITECTURE.md, "Streaming").
@@ -118,6 +120,17 @@ class KvCodec {
   // cache may call it before every Encode. x: [n, head_dim].
   virtual bool NeedsCalibration() const { return false; }
   virtual void Calibrate(const float* /*x*/, int64_t /*n*/) {}
+
+  // Codecs built from offline calibration (KVQuant's non-uniform codebooks
+  // and per-channel key scales, codec_nuq.cc) need a calibration file: the
+  // cache loads it once (KvCacheOptions::calibration_path) and hands every
+  // instance its (layer, KV head, K or V) share before the first Encode.
+  // Errors name what the file lacks.
+  virtual bool NeedsCalibrationFile() const { return false; }
+  virtual Status SetCalibration(const KvCalibration& /*calibration*/, int64_t /*layer*/,
+                                int64_t /*head*/, bool /*is_v*/) {
+    return Status::Ok();
+  }
 
   // x: [n, head_dim] -> rows: n * RowBytes() bytes. Tile codecs
   // (streaming().tile_tokens > 1) take whole tiles: n % tile_tokens == 0,

@@ -15,6 +15,12 @@ struct Scheme {
 constexpr Scheme kSchemes[] = {
     {"kivi2", "int2-c32-asym-r128", "int2-g32-asym-r128"},
     {"kivi4", "int4-c32-asym-r128", "int4-g32-asym-r128"},
+    // KVQuant (SCHEMES.md): non-uniform calibrated codebooks, K before RoPE
+    // with per-channel scales, V per token, 1% of each row exact, the first
+    // token in f16. Need a `kvq calibrate` file (--kv-calibration).
+    {"kvquant2", "nuq2-k-o1-s1-prerope", "nuq2-v-o1-s1"},
+    {"kvquant3", "nuq3-k-o1-s1-prerope", "nuq3-v-o1-s1"},
+    {"kvquant4", "nuq4-k-o1-s1-prerope", "nuq4-v-o1-s1"},
 };
 
 std::string Trim(const std::string& s) {

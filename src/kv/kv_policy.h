@@ -5,6 +5,9 @@
 //   kivi2, kivi4   KIVI (arXiv:2402.02750): K per channel over 32-token
 //                  groups, V per token over 32-channel groups, asymmetric,
 //                  the newest 128 tokens in f16 (KiviTypes gives other knobs).
+//   kvquant2/3/4   KVQuant (arXiv:2401.18079): nuqB-k (pre-RoPE, calibrated
+//                  per-channel scales) / nuqB-v (per token), 1% outliers
+//                  exact, first token f16; needs a calibration file.
 //   "K/V"          a pair of codec names, e.g. "f16/int4".
 //   anything else  a codec name (codec.h) used for both K and V.
 // A new scheme that is a pair of codecs is one line in kv_policy.cc.

@@ -19,5 +19,6 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx);
 void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx);
 void RegisterPlanCommand(CLI::App& app, CommandContext& ctx);
 void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
+void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

@@ -22,7 +22,8 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
   const char* types =
       "f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2 (integer options as suffixes: "
       "int4-g64, int4-g32-sym, per channel int2-c32; defaults group 32, asymmetric; streaming "
-      "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, or K/V "
+      "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, kvquant2, "
+      "kvquant3, kvquant4 (need --kv-calibration), or K/V "
       "pairs like f16/int4";
   cmd.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                  std::string("KV cache type for K and V: ") + types + " (default f16)");
@@ -44,6 +45,8 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
                  "Per-layer cache types: rules 'LAYERS: TYPE' separated by ';' or newlines, later "
                  "rules win, layers N, -N (from the end), A..B or *, e.g. '*: kivi2; 0,-1: f16'; "
                  "or a file holding such rules");
+  cmd.add_option("--kv-calibration", flags->calibration,
+                 "Calibration file from `kvq calibrate` (needed by kvquant2/3/4 and nuq* types)");
   cmd.add_option("--k-bits", flags->kivi_k_bits, "KIVI: key bits 2, 4 or 8 (sets a KIVI cache)");
   cmd.add_option("--v-bits", flags->kivi_v_bits, "KIVI: value bits 2, 4 or 8 (sets a KIVI cache)");
   cmd.add_option("--group-size", flags->kivi_group,
@@ -83,6 +86,7 @@ StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_toke
                            "': neither a readable file nor rules like '*: int4; 0,-1: f16'");
     }
   }
+  options.calibration_path = flags.calibration;
   options.rotate = flags.rotate;
   options.block_tokens = flags.block_tokens;
   options.max_tokens = max_tokens;

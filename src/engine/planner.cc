@@ -77,8 +77,15 @@ StatusOr<int> NominalBits(const std::string& codec_name) {
   if (base == "fp8_e4m3" || base == "fp8_e5m2" || base == "int8") return 8;
   if (base == "int4") return 4;
   if (base == "int2") return 2;
+  // KVQuant's non-uniform codecs and schemes: B-bit codes (outlier slots and
+  // sinks are in the exact bytes, not the nominal bits).
+  for (int bits : {2, 3, 4}) {
+    if (base == "nuq" + std::to_string(bits) || base == "kvquant" + std::to_string(bits)) {
+      return bits;
+    }
+  }
   return Status::Error("unknown KV cache type '" + codec_name +
-                       "' (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2)");
+                       "' (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2, nuq2/3/4)");
 }
 
 double NominalKvBytesPerToken(const KvShape& shape, int k_bits, int v_bits) {

@@ -6,7 +6,6 @@
 #include <memory>
 
 #include "engine/perplexity.h"
-#include "io/safetensors.h"
 #include "kv/kv_factory.h"
 
 namespace kvq {
@@ -124,29 +123,6 @@ class CaptureCache final : public KvCache {
   mutable std::vector<double> weight_count_;  // [layers, kv_heads]
 };
 
-// Squared gradients from tools/train/kvquant_fisher.py: tensors "k.L" and
-// "v.L" [rows, kv_heads, head_dim] in the order the capture sees the rows.
-StatusOr<std::vector<std::vector<float>>> ReadFisher(const std::string& path, const char* side,
-                                                      const std::vector<std::vector<float>>& x,
-                                                      const KvShape& shape) {
-  KVQ_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
-  std::vector<std::vector<float>> out(x.size());
-  for (size_t l = 0; l < x.size(); ++l) {
-    const std::string name = std::string(side) + "." + std::to_string(l);
-    const TensorRef* t = file->Find(name);
-    const int64_t rows =
-        static_cast<int64_t>(x[l].size()) / (shape.num_kv_heads * shape.head_dim);
-    const std::vector<int64_t> want{rows, shape.num_kv_heads, shape.head_dim};
-    if (t == nullptr || t->dtype != DType::kF32 || t->shape != want) {
-      return Status::Error(path + ": Fisher tensor '" + name + "' missing or not F32 " +
-                           ShapeString(want) + " (same text, --tokens and --ctx as this run?)");
-    }
-    out[l].resize(x[l].size());
-    std::memcpy(out[l].data(), t->data, out[l].size() * sizeof(float));
-  }
-  return out;
-}
-
 }  // namespace
 
 StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
@@ -209,12 +185,7 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
   c.outlier_percent = options.outlier_percent;
   c.qnorm = options.qnorm;
   c.model = model.path;
-  c.method = options.fisher_path.empty() ? "q2" : "fisher";
-  std::vector<std::vector<float>> k_fisher, v_fisher;
-  if (!options.fisher_path.empty()) {
-    KVQ_ASSIGN_OR_RETURN(k_fisher, ReadFisher(options.fisher_path, "k", cache.k(), shape));
-    KVQ_ASSIGN_OR_RETURN(v_fisher, ReadFisher(options.fisher_path, "v", cache.v(), shape));
-  }
+  c.method = "q2";
   const int64_t heads = shape.num_kv_heads, dim = shape.head_dim;
   const size_t per_layer = static_cast<size_t>(heads * dim);
   c.k_offset.resize(static_cast<size_t>(shape.num_layers) * per_layer);
@@ -241,16 +212,11 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
         in.x = x.data();
         in.k_offset = &c.k_offset[l * per_layer];
         in.k_scale = &c.k_scale[l * per_layer];
-        if (!options.fisher_path.empty()) {
-          in.element_weight = (is_v ? v_fisher : k_fisher)[static_cast<size_t>(l)].data();
-        } else if (!is_v) {
-          in.channel_weight = key_weights.data();
-        }
+        if (!is_v) in.channel_weight = key_weights.data();
         in.qnorm = options.qnorm;
         auto levels = FitNuqLevels(in);
         if (!levels.ok()) {
-          return levels.status().WithContext("layer " + std::to_string(l) +
-                                             (is_v ? " V" : " K"));
+          return levels.status().WithContext("layer " + std::to_string(l) + (is_v ? " V" : " K"));
         }
         std::vector<float>& dst = is_v ? books.v : books.k;
         dst.insert(dst.end(), levels->begin(), levels->end());

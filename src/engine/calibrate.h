@@ -23,9 +23,8 @@
 // with C, S, X the means of cos^2, sin^2 and sin*cos of theta * delta over
 // delta = 0..i. Values are weighted uniformly (attention mass is not used).
 // In both cases the k-means objective is in the original units (the codec's
-// scale squared multiplies each weight). With a Fisher file (tools/train/
-// kvquant_fisher.py; "method: fisher") each K and V element is weighted by
-// its own squared gradient instead.
+// scale squared multiplies each weight). Fisher weights from the PyTorch
+// reference are not implemented yet.
 #pragma once
 
 #include <cstdint>
@@ -40,11 +39,10 @@ namespace kvq {
 
 struct CalibrateOptions {
   std::vector<int> bits{2, 3, 4};
-  int64_t tokens = 4096;   // calibration tokens to use (whole windows, at least one)
-  int64_t context = 512;   // window length
+  int64_t tokens = 4096;  // calibration tokens to use (whole windows, at least one)
+  int64_t context = 512;  // window length
   int64_t outlier_percent = 1;
   bool qnorm = false;
-  std::string fisher_path;  // squared gradients per K/V element (optional)
 };
 
 struct CalibrateResult {

@@ -167,8 +167,9 @@ std::vector<std::string> PlanWarnings(const PlanModel& model, int k_bits, int v_
 }
 
 std::vector<std::string> DefaultPlanTypes() {
-  return {"f32",  "f16",          "bf16",      "fp8_e4m3", "fp8_e5m2",  "int8",  "int8-g128",
-          "int4", "int4-g32-sym", "int4-g128", "int2",     "int2-g128", "kivi4", "kivi2"};
+  return {"f32",       "f16",   "bf16",         "fp8_e4m3",  "fp8_e5m2", "int8",
+          "int8-g128", "int4",  "int4-g32-sym", "int4-g128", "int2",     "int2-g128",
+          "kivi4",     "kivi2", "kvquant4",     "kvquant3",  "kvquant2"};
 }
 
 }  // namespace kvq

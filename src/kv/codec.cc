@@ -45,13 +45,14 @@ std::vector<std::string> Split(const std::string& s, char sep) {
 }
 
 Status BadName(const std::string& name, const std::string& why) {
-  return Status::Error("KV cache type '" + name + "': " + why +
-                       " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
-                       "optional -g32/-g64/-g128 (per token) or -c32/-c64/-c128 (per channel) and "
-                       "-sym/-asym, e.g. int4-g64-sym; KVQuant's nuq2/nuq3/nuq4-k or -v with -oP (P% "
-                       "outliers, default 1; need --kv-calibration); aliases fp8, q8_0, q4_0, q4_1; streaming "
-                       "options -rN (N newest tokens in f16), -sN (first N tokens in f16), "
-                       "-prerope (K before RoPE))");
+  return Status::Error(
+      "KV cache type '" + name + "': " + why +
+      " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
+      "optional -g32/-g64/-g128 (per token) or -c32/-c64/-c128 (per channel) and "
+      "-sym/-asym, e.g. int4-g64-sym; KVQuant's nuq2/nuq3/nuq4-k or -v with -oP (P% "
+      "outliers, default 1; need --kv-calibration); aliases fp8, q8_0, q4_0, q4_1; streaming "
+      "options -rN (N newest tokens in f16), -sN (first N tokens in f16), "
+      "-prerope (K before RoPE))");
 }
 
 // Non-negative decimal after a one-letter option ("r128"), or -1.

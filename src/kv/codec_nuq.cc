@@ -105,8 +105,7 @@ struct NuqFmt {
     if constexpr (kIsV) {
       x = hn::MulAdd(level, scale, offset);
     } else {
-      x = hn::MulAdd(level, hn::LoadU(d, tables.ch_scale + i),
-                     hn::LoadU(d, tables.ch_offset + i));
+      x = hn::MulAdd(level, hn::LoadU(d, tables.ch_scale + i), hn::LoadU(d, tables.ch_offset + i));
     }
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     for (int64_t s = 0; s < slots; ++s) {
@@ -156,9 +155,8 @@ void NuqDecodeImpl(const NuqFormat& f, int64_t dim, const NuqTables& tables, con
 void NuqScoresImpl(const NuqFormat& f, int64_t dim, const NuqTables& tables, const uint8_t* rows,
                    int64_t n, const float* q, int64_t group, float scale, float* scores,
                    int64_t stride) {
-  WithNuqFormat(f, dim, tables, [&](const auto& fmt) {
-    Scores(fmt, rows, n, q, group, scale, scores, stride);
-  });
+  WithNuqFormat(f, dim, tables,
+                [&](const auto& fmt) { Scores(fmt, rows, n, q, group, scale, scores, stride); });
 }
 
 void NuqAccumulateImpl(const NuqFormat& f, int64_t dim, const NuqTables& tables,
@@ -231,8 +229,8 @@ void NuqSplitRowRef(const NuqFormat& f, int64_t dim, const float* x, const float
     split->offset_bits = F32ToF16(min + (max - min) * 0.5f);
     split->scale = F16ToF32(split->scale_bits);
     split->offset = F16ToF32(split->offset_bits);
-    const float inv = split->scale != 0.0f && std::isfinite(split->scale) ? 1.0f / split->scale
-                                                                            : 0.0f;
+    const float inv =
+        split->scale != 0.0f && std::isfinite(split->scale) ? 1.0f / split->scale : 0.0f;
     for (int64_t c = 0; c < dim; ++c) y[c] = (x[c] - split->offset) * inv;
   }
   std::sort(outliers.begin(), outliers.end());

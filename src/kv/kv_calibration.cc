@@ -38,8 +38,8 @@ StatusOr<int64_t> MetaInt(const std::map<std::string, std::string>& meta, const 
   const auto it = meta.find(key);
   if (it == meta.end()) return Status::Error("calibration metadata lacks '" + key + "'");
   const std::string& text = it->second;
-  if (text.empty() || text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoll(text) < min_value) {
+  if (text.empty() || text.size() > 12 ||
+      text.find_first_not_of("0123456789") != std::string::npos || std::stoll(text) < min_value) {
     return Status::Error("calibration metadata '" + key + "' = '" + text +
                          "' is not an integer >= " + std::to_string(min_value));
   }
@@ -56,7 +56,8 @@ Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
   const std::string format = MetaString(meta, "format");
   if (format != kKvCalibrationFormat) {
     return Status::Error("not a kvq calibration file (metadata format '" + format +
-                         "', expected '" + kKvCalibrationFormat + "'; make one with kvq calibrate)");
+                         "', expected '" + kKvCalibrationFormat +
+                         "'; make one with kvq calibrate)");
   }
   KVQ_ASSIGN_OR_RETURN(c->num_layers, MetaInt(meta, "num_layers", 1));
   KVQ_ASSIGN_OR_RETURN(c->num_heads, MetaInt(meta, "num_heads", 1));
@@ -84,7 +85,8 @@ Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
   while (std::getline(bits_list, item, ',')) {
     int bits = 0;
     for (int b : kCalibrationBits) bits = item == std::to_string(b) ? b : bits;
-    if (bits == 0) return Status::Error("calibration metadata bits: '" + item + "' is not 2, 3 or 4");
+    if (bits == 0)
+      return Status::Error("calibration metadata bits: '" + item + "' is not 2, 3 or 4");
     KvCalibration::Codebooks books;
     const std::vector<int64_t> shape{c->num_layers, int64_t{1} << bits};
     for (bool is_v : {false, true}) {
@@ -109,7 +111,8 @@ Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
 
 std::string KvCalibration::BitsList() const {
   std::string list;
-  for (const auto& [bits, books] : codebooks) list += (list.empty() ? "" : ",") + std::to_string(bits);
+  for (const auto& [bits, books] : codebooks)
+    list += (list.empty() ? "" : ",") + std::to_string(bits);
   return list;
 }
 
@@ -163,10 +166,10 @@ Status SaveKvCalibration(const KvCalibration& c, const std::string& path) {
   if (c.k_offset.size() != channel_count || c.k_scale.size() != channel_count) {
     return Status::Error("calibration: channel tensors do not match the shape");
   }
-  KVQ_RETURN_IF_ERROR(writer.AddTensor("k.channel_offset", DType::kF32, channels,
-                                       c.k_offset.data(), channel_count * sizeof(float)));
-  KVQ_RETURN_IF_ERROR(writer.AddTensor("k.channel_scale", DType::kF32, channels,
-                                       c.k_scale.data(), channel_count * sizeof(float)));
+  KVQ_RETURN_IF_ERROR(writer.AddTensor("k.channel_offset", DType::kF32, channels, c.k_offset.data(),
+                                       channel_count * sizeof(float)));
+  KVQ_RETURN_IF_ERROR(writer.AddTensor("k.channel_scale", DType::kF32, channels, c.k_scale.data(),
+                                       channel_count * sizeof(float)));
   for (const auto& [bits, books] : c.codebooks) {
     const std::vector<int64_t> shape{c.num_layers, int64_t{1} << bits};
     for (bool is_v : {false, true}) {
@@ -182,8 +185,7 @@ Status SaveKvCalibration(const KvCalibration& c, const std::string& path) {
 }
 
 std::vector<double> WeightedKMeans1D(const std::vector<float>& values,
-                                     const std::vector<float>& weights, int k,
-                                     int max_iterations) {
+                                     const std::vector<float>& weights, int k, int max_iterations) {
   std::vector<double> centres(static_cast<size_t>(std::max(k, 0)), 0.0);
   const size_t n = std::min(values.size(), weights.size());
   if (n == 0 || k <= 0) return centres;
@@ -241,9 +243,8 @@ void KeyChannelRanges(const float* k, int64_t n, int64_t kv_heads, int64_t head_
       float lo = 0.0f, hi = 0.0f;
       if (!column.empty()) {
         const int64_t count = static_cast<int64_t>(column.size());
-        const int64_t cut =
-            std::min<int64_t>(count / 2, static_cast<int64_t>(std::llround(
-                                             outlier_percent / 200.0 * (count - 1))));
+        const int64_t cut = std::min<int64_t>(
+            count / 2, static_cast<int64_t>(std::llround(outlier_percent / 200.0 * (count - 1))));
         std::nth_element(column.begin(), column.begin() + cut, column.end());
         lo = column[static_cast<size_t>(cut)];
         std::nth_element(column.begin(), column.begin() + (count - 1 - cut), column.end());
@@ -283,11 +284,7 @@ StatusOr<std::vector<float>> FitNuqLevels(const NuqFitInput& in) {
         if (outlier[c] || std::isnan(y[c])) continue;
         const double unit = in.is_v ? split.scale : scale[c];
         double w = unit * unit;
-        if (in.element_weight != nullptr) {
-          w *= in.element_weight[(t * in.kv_heads + h) * dim + c];
-        } else if (in.channel_weight != nullptr) {
-          w *= in.channel_weight[h * dim + c];
-        }
+        if (in.channel_weight != nullptr) w *= in.channel_weight[h * dim + c];
         if (!(w > 0) || !std::isfinite(w)) continue;
         values.push_back(std::clamp(y[c], -1.0f, 1.0f));
         weights.push_back(static_cast<float>(w));
@@ -302,8 +299,8 @@ StatusOr<std::vector<float>> FitNuqLevels(const NuqFitInput& in) {
     for (int j = 0; j + 1 < levels; ++j) mids[j] = (centres[j] + centres[j + 1]) * 0.5;
     double sum = 0, sum2 = 0, qsum = 0, qsum2 = 0;
     for (float v : values) {
-      const size_t u = static_cast<size_t>(std::lower_bound(mids.begin(), mids.end(), v) -
-                                           mids.begin());
+      const size_t u =
+          static_cast<size_t>(std::lower_bound(mids.begin(), mids.end(), v) - mids.begin());
       sum += v;
       sum2 += static_cast<double>(v) * v;
       qsum += centres[u];

@@ -100,7 +100,6 @@ struct KvLayout {
   }
 };
 
-
 StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& options);
 
 // --kv-memory text -> bytes. "123456" (bytes), "512M", "8G", "8GiB"

@@ -24,7 +24,6 @@ struct CalibrateFlags {
   int64_t context = 512;
   int64_t outliers = 1;
   bool qnorm = false;
-  std::string fisher;
   int threads = 0;
 };
 
@@ -47,7 +46,6 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
   options.context = flags.context;
   options.outlier_percent = flags.outliers;
   options.qnorm = flags.qnorm;
-  options.fisher_path = flags.fisher;
   auto result = CalibrateKv(*loaded, text.str(), options);
   if (!result.ok()) return Fail(result.status().message());
   const Status saved = SaveKvCalibration(result->calibration, flags.output);
@@ -57,9 +55,9 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
       "kvq calibrate: %s: %lld windows of %lld tokens (%lld calibrated tokens), bits %s, "
       "%lld%% outliers, method %s%s -> %s\n",
       loaded->path.c_str(), static_cast<long long>(result->windows),
-      static_cast<long long>(flags.context), static_cast<long long>(c.tokens),
-      c.BitsList().c_str(), static_cast<long long>(c.outlier_percent), c.method.c_str(),
-      c.qnorm ? ", Q-Norm" : "", flags.output.c_str());
+      static_cast<long long>(flags.context), static_cast<long long>(c.tokens), c.BitsList().c_str(),
+      static_cast<long long>(c.outlier_percent), c.method.c_str(), c.qnorm ? ", Q-Norm" : "",
+      flags.output.c_str());
   for (const auto& [bits, books] : c.codebooks) {
     const int64_t levels = int64_t{1} << bits;
     for (bool is_v : {false, true}) {
@@ -82,8 +80,8 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
       "Runs the model over the text in windows of --ctx tokens and writes, per layer, the\n"
       "pre-RoPE key channel ranges (outlier thresholds) and sensitivity-weighted k-means\n"
       "codebooks for each --bits (safetensors; tensor names in kv/kv_calibration.h).\n"
-      "Without --fisher, key channels are weighted by the expected squared query component\n"
-      "they multiply (gradient-free); values uniformly.");
+      "Key channels are weighted by the expected squared query component they multiply\n"
+      "(gradient-free; engine/calibrate.h), values uniformly.");
   cmd->add_option("-m,--model", flags->model,
                   "GGUF file or Hugging Face folder (default: the shipped model)");
   cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
@@ -91,8 +89,7 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--bits", flags->bits, "Bit widths to make codebooks for (default 2,3,4)")
       ->delimiter(',')
       ->check(CLI::Range(2, 4));
-  cmd->add_option("--tokens", flags->tokens,
-                  "Calibration tokens, in whole windows (default 4096)")
+  cmd->add_option("--tokens", flags->tokens, "Calibration tokens, in whole windows (default 4096)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("-c,--ctx", flags->context, "Window length in tokens (default 512)")
       ->check(CLI::PositiveNumber);
@@ -102,9 +99,6 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--qnorm", flags->qnorm,
                 "Q-Norm: shift and scale the levels so dequantized values keep the calibration "
                 "mean and standard deviation");
-  cmd->add_option("--fisher", flags->fisher,
-                  "Squared gradients per K/V element (tools/train/kvquant_fisher.py) to weight "
-                  "the k-means with (default: the gradient-free weights)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunCalibrateCommand(*flags); });

@@ -38,6 +38,7 @@ StatusOr<LoadedModel> SynthModel(const std::string& path, int64_t layers) {
   ModelConfig config = preset.config;
   config.max_position_embeddings = 64;
   config.num_layers = layers;
+  config.head_dim = 32;  // NUQ codecs need a multiple of 32 (the preset has 16)
   SynthOptions options;
   options.seed = 5;
   KVQ_RETURN_IF_ERROR(WriteSynthGguf(config, nullptr, options, path));

@@ -122,8 +122,8 @@ TEST(NuqCodec, SimdDecodeIsBitExactAndFusedKernelsMatchDecode) {
     for (int bits : {2, 3, 4}) {
       for (const char* side : {"k", "v"}) {
         for (int outliers : {0, 1, 5}) {
-          const std::string name = "nuq" + std::to_string(bits) + "-" + side + "-o" +
-                                   std::to_string(outliers);
+          const std::string name =
+              "nuq" + std::to_string(bits) + "-" + side + "-o" + std::to_string(outliers);
           auto fast = MakeCalibrated(name, dim, CodecPath::kSimd, c);
           auto ref = MakeCalibrated(name, dim, CodecPath::kReference, c);
           std::vector<uint8_t> rows(n * fast->RowBytes()), rows_ref(rows.size());
@@ -149,7 +149,8 @@ TEST(NuqCodec, SimdDecodeIsBitExactAndFusedKernelsMatchDecode) {
             for (int64_t h = 0; h < group; ++h) {
               for (int64_t t = 0; t < n; ++t) {
                 double abs_sum = 0;
-                for (int64_t i = 0; i < dim; ++i) abs_sum += std::fabs(q[h * dim + i] * a[t * dim + i]);
+                for (int64_t i = 0; i < dim; ++i)
+                  abs_sum += std::fabs(q[h * dim + i] * a[t * dim + i]);
                 ASSERT_NEAR(s_fast[h * stride + t], s_ref[h * stride + t],
                             gamma_s * 0.125 * abs_sum + 1e-30)
                     << name << " h " << h << " t " << t;
@@ -167,7 +168,8 @@ TEST(NuqCodec, SimdDecodeIsBitExactAndFusedKernelsMatchDecode) {
             for (int64_t h = 0; h < group; ++h) {
               for (int64_t i = 0; i < dim; ++i) {
                 double abs_sum = std::fabs(acc0[h * dim + i]);
-                for (int64_t t = 0; t < n; ++t) abs_sum += std::fabs(p[h * stride + t] * a[t * dim + i]);
+                for (int64_t t = 0; t < n; ++t)
+                  abs_sum += std::fabs(p[h * stride + t] * a[t * dim + i]);
                 ASSERT_NEAR(acc_fast[h * dim + i], acc_ref[h * dim + i], gamma_v * abs_sum + 1e-30)
                     << name << " h " << h << " i " << i;
               }
@@ -381,8 +383,7 @@ TEST(KvQuantCache, PreRopeAttentionMatchesReferenceOnDecodedRopedKeys) {
   // Two appends (prefill, then single tokens) as a forward pass would.
   ASSERT_TRUE((*cache)->Append(0, 0, 140, k_pre.data(), k.data(), v.data()).ok());
   for (int64_t t = 140; t < tokens; ++t) {
-    ASSERT_TRUE(
-        (*cache)->Append(0, 0, 1, &k_pre[t * row], &k[t * row], &v[t * row]).ok());
+    ASSERT_TRUE((*cache)->Append(0, 0, 1, &k_pre[t * row], &k[t * row], &v[t * row]).ok());
   }
   const int64_t n = 9;
   const auto q = Normal(static_cast<size_t>(n * 6 * 64), rng);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "engine/perplexity.h"
+#include "io/safetensors.h"
 #include "kv/kv_factory.h"
 
 namespace kvq {
@@ -123,6 +124,46 @@ class CaptureCache final : public KvCache {
   mutable std::vector<double> weight_count_;  // [layers, kv_heads]
 };
 
+// Squared gradients from tools/train/kvquant_fisher.py: "k.L" / "v.L"
+// [rows, kv_heads, head_dim] in capture order, "tokens" the ids it ran on.
+StatusOr<std::vector<std::vector<float>>> ReadFisher(const SafetensorsFile& file, const char* side,
+                                                     const std::vector<std::vector<float>>& x,
+                                                     const KvShape& shape) {
+  std::vector<std::vector<float>> out(x.size());
+  for (size_t l = 0; l < x.size(); ++l) {
+    const std::string name = std::string(side) + "." + std::to_string(l);
+    const TensorRef* t = file.Find(name);
+    const int64_t rows = static_cast<int64_t>(x[l].size()) / (shape.num_kv_heads * shape.head_dim);
+    const std::vector<int64_t> want{rows, shape.num_kv_heads, shape.head_dim};
+    if (t == nullptr || t->dtype != DType::kF32 || t->shape != want) {
+      return Status::Error(file.name() + ": Fisher tensor '" + name + "' missing or not F32 " +
+                           ShapeString(want) + " (same --tokens and --ctx as this run?)");
+    }
+    out[l].resize(x[l].size());
+    std::memcpy(out[l].data(), t->data, out[l].size() * sizeof(float));
+  }
+  return out;
+}
+
+Status CheckFisherTokens(const SafetensorsFile& file, const std::vector<int32_t>& fed) {
+  const TensorRef* t = file.Find("tokens");
+  const std::vector<int64_t> want{static_cast<int64_t>(fed.size())};
+  if (t == nullptr || t->dtype != DType::kF32 || t->shape != want) {
+    return Status::Error(file.name() + ": Fisher file has no 'tokens' F32 " + ShapeString(want) +
+                         " (made for other --tokens or --ctx?)");
+  }
+  for (size_t i = 0; i < fed.size(); ++i) {
+    float id;
+    std::memcpy(&id, t->data + i * sizeof(float), sizeof(float));
+    if (id != static_cast<float>(fed[i])) {
+      return Status::Error(file.name() + ": Fisher file was made from other tokens (position " +
+                           std::to_string(i) + ": " + std::to_string(static_cast<int64_t>(id)) +
+                           ", this text " + std::to_string(fed[i]) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
@@ -142,6 +183,9 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
     return Status::Error("calibrate: --ctx " + std::to_string(options.context) +
                          " outside [2, the model's context of " +
                          std::to_string(transformer.config().max_position_embeddings) + "]");
+  }
+  if (options.weights != "q2" && options.weights != "uniform") {
+    return Status::Error("calibrate: --weights '" + options.weights + "' is not q2 or uniform");
   }
   if (static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
     return Status::Error("calibrate: the model's RoPE parameters are unknown");
@@ -164,10 +208,12 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
   CaptureCache cache(std::move(inner), shape, options.context);
   std::vector<float> logits;
   const Tokenizer& tok = *model.tokenizer;
+  std::vector<int32_t> fed;  // [windows * context] the tokens as run
   for (int64_t w = 0; w < windows; ++w) {
     std::vector<int32_t> window(tokens.begin() + w * options.context,
                                 tokens.begin() + (w + 1) * options.context);
     if (tok.add_bos() && tok.bos_id() >= 0) window[0] = tok.bos_id();
+    fed.insert(fed.end(), window.begin(), window.end());
     KVQ_RETURN_IF_ERROR(cache.AddSequence(0));
     const Status forward = transformer.Forward({{0, window, false}}, cache, &logits);
     cache.ReleaseSequence(0);
@@ -185,7 +231,14 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
   c.outlier_percent = options.outlier_percent;
   c.qnorm = options.qnorm;
   c.model = model.path;
-  c.method = "q2";
+  c.method = options.fisher_path.empty() ? options.weights : "fisher";
+  std::vector<std::vector<float>> k_fisher, v_fisher;
+  if (!options.fisher_path.empty()) {
+    KVQ_ASSIGN_OR_RETURN(auto fisher, SafetensorsFile::Open(options.fisher_path));
+    KVQ_RETURN_IF_ERROR(CheckFisherTokens(*fisher, fed));
+    KVQ_ASSIGN_OR_RETURN(k_fisher, ReadFisher(*fisher, "k", cache.k(), shape));
+    KVQ_ASSIGN_OR_RETURN(v_fisher, ReadFisher(*fisher, "v", cache.v(), shape));
+  }
   const int64_t heads = shape.num_kv_heads, dim = shape.head_dim;
   const size_t per_layer = static_cast<size_t>(heads * dim);
   c.k_offset.resize(static_cast<size_t>(shape.num_layers) * per_layer);
@@ -212,7 +265,11 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
         in.x = x.data();
         in.k_offset = &c.k_offset[l * per_layer];
         in.k_scale = &c.k_scale[l * per_layer];
-        if (!is_v) in.channel_weight = key_weights.data();
+        if (!options.fisher_path.empty()) {
+          in.element_weight = (is_v ? v_fisher : k_fisher)[static_cast<size_t>(l)].data();
+        } else if (!is_v && options.weights == "q2") {
+          in.channel_weight = key_weights.data();
+        }
         in.qnorm = options.qnorm;
         auto levels = FitNuqLevels(in);
         if (!levels.ok()) {

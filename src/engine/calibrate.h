@@ -23,8 +23,10 @@
 // with C, S, X the means of cos^2, sin^2 and sin*cos of theta * delta over
 // delta = 0..i. Values are weighted uniformly (attention mass is not used).
 // In both cases the k-means objective is in the original units (the codec's
-// scale squared multiplies each weight). Fisher weights from the PyTorch
-// reference are not implemented yet.
+// scale squared multiplies each weight). With `fisher_path` (written by
+// tools/train/kvquant_fisher.py from the PyTorch reference model over the
+// same windows; "method: fisher") every K and V element is weighted by its
+// own squared gradient of the summed next-token NLL instead.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,10 @@ struct CalibrateOptions {
   int64_t context = 512;  // window length
   int64_t outlier_percent = 1;
   bool qnorm = false;
+  // "q2": key channels weighted as above; "uniform": every value alike
+  // (plain k-means in original units, for comparison).
+  std::string weights = "q2";
+  std::string fisher_path;  // squared gradients per K/V element (optional)
 };
 
 struct CalibrateResult {

@@ -89,9 +89,11 @@ struct NuqFmt {
       const auto raw = hn::PromoteTo(di, hn::LoadU(du8, block + (within & 7)));
       u = hn::And(hn::ShiftRightSame(raw, shift), hn::Set(di, 3));
       if constexpr (kBits == 3) {
-        // Lane l takes bit l of the high-bit byte of its 8 elements.
+        // Element 8m + j is bit j of high-bit byte m (narrow targets start
+        // mid-byte: j = within % 8 + lane).
         const auto high = hn::Set(di, block[8 + (within >> 3)]);
-        const auto bit = hn::And(hn::Shr(high, hn::Iota(di, 0)), hn::Set(di, 1));
+        const auto bit =
+            hn::And(hn::Shr(high, hn::Iota(di, static_cast<int32_t>(within & 7))), hn::Set(di, 1));
         u = hn::Or(u, hn::ShiftLeft<2>(bit));
       }
     }

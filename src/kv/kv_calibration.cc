@@ -284,7 +284,11 @@ StatusOr<std::vector<float>> FitNuqLevels(const NuqFitInput& in) {
         if (outlier[c] || std::isnan(y[c])) continue;
         const double unit = in.is_v ? split.scale : scale[c];
         double w = unit * unit;
-        if (in.channel_weight != nullptr) w *= in.channel_weight[h * dim + c];
+        if (in.element_weight != nullptr) {
+          w *= in.element_weight[(t * in.kv_heads + h) * dim + c];
+        } else if (in.channel_weight != nullptr) {
+          w *= in.channel_weight[h * dim + c];
+        }
         if (!(w > 0) || !std::isfinite(w)) continue;
         values.push_back(std::clamp(y[c], -1.0f, 1.0f));
         weights.push_back(static_cast<float>(w));

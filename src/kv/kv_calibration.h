@@ -87,6 +87,9 @@ struct NuqFitInput {
   // uniform. K: E[q_c^2]-style weights, so the k-means minimizes the
   // expected squared score error.
   const float* channel_weight = nullptr;
+  // Or one weight per element (diagonal Fisher information), [n, kv_heads,
+  // head_dim]; wins over channel_weight.
+  const float* element_weight = nullptr;
   bool qnorm = false;
 };
 // The 2^bits levels (sorted, normalized domain) for one layer: every row is

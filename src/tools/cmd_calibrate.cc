@@ -24,6 +24,8 @@ struct CalibrateFlags {
   int64_t context = 512;
   int64_t outliers = 1;
   bool qnorm = false;
+  std::string weights = "q2";
+  std::string fisher;
   int threads = 0;
 };
 
@@ -46,6 +48,8 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
   options.context = flags.context;
   options.outlier_percent = flags.outliers;
   options.qnorm = flags.qnorm;
+  options.weights = flags.weights;
+  options.fisher_path = flags.fisher;
   auto result = CalibrateKv(*loaded, text.str(), options);
   if (!result.ok()) return Fail(result.status().message());
   const Status saved = SaveKvCalibration(result->calibration, flags.output);
@@ -99,6 +103,13 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--qnorm", flags->qnorm,
                 "Q-Norm: shift and scale the levels so dequantized values keep the calibration "
                 "mean and standard deviation");
+  cmd->add_option("--weights", flags->weights,
+                  "k-means weights: q2 (keys by expected squared query component, default) or "
+                  "uniform")
+      ->check(CLI::IsMember({"q2", "uniform"}));
+  cmd->add_option("--fisher", flags->fisher,
+                  "Squared gradients per K/V element from tools/train/kvquant_fisher.py (same "
+                  "text, --tokens, --ctx) to weight the k-means with (KVQuant's Fisher weights)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunCalibrateCommand(*flags); });

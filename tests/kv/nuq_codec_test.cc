@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/fp16.h"
+#include "hwy/tests/hwy_gtest.h"
 #include "kv/attention_ref.h"
 #include "kv/codec.h"
 #include "kv/kv_calibration.h"
@@ -113,7 +114,12 @@ TEST(NuqCodec, NamesAndLayout) {
   EXPECT_FALSE(ParseKvCodec("nuq3-k", 512).ok());  // channel index beyond a byte
 }
 
-TEST(NuqCodec, SimdDecodeIsBitExactAndFusedKernelsMatchDecode) {
+// Every compiled Highway target (AVX-512, AVX2, SSE4, ... as the machine
+// supports), like the other codecs' SIMD tests.
+class NuqSimdTest : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(NuqSimdTest);
+
+TEST_P(NuqSimdTest, DecodeIsBitExactAndFusedKernelsMatchDecode) {
   std::mt19937 rng(1);
   for (int64_t dim : {32, 64, 128, 256}) {
     const int64_t n = 37;  // odd: the two-row Scores path and its tail

@@ -91,10 +91,12 @@ struct NuqFmt {
       if constexpr (kBits == 3) {
         // Element 8m + j is bit j of high-bit byte m (narrow targets start
         // mid-byte: j = within % 8 + lane).
+        // One test against a constant vector of lane bits, not a variable shift.
+        alignas(64) static constexpr int32_t kLaneBit[16] = {1, 2, 4, 8, 16, 32, 64, 128,
+                                                             1, 2, 4, 8, 16, 32, 64, 128};
         const auto high = hn::Set(di, block[8 + (within >> 3)]);
-        const auto bit =
-            hn::And(hn::Shr(high, hn::Iota(di, static_cast<int32_t>(within & 7))), hn::Set(di, 1));
-        u = hn::Or(u, hn::ShiftLeft<2>(bit));
+        const auto set = hn::TestBit(high, hn::LoadU(di, kLaneBit + (within & 7)));
+        u = hn::Or(u, hn::IfThenElseZero(set, hn::Set(di, 4)));
       }
     }
     hn::Vec<D> level;

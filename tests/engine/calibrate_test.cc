@@ -9,8 +9,10 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "engine/perplexity.h"
+#include "io/safetensors.h"
 #include "kv/kv_factory.h"
 #include "model/synth.h"
 
@@ -97,6 +99,55 @@ TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
   EXPECT_NE(mismatch.status().message().find("num_layers 2 (model 3)"), std::string::npos)
       << mismatch.status().message();
   for (const std::string& f : {model_path, other_path, calib_path}) fs::remove(f);
+}
+
+TEST(Calibrate, FisherFileMustMatchTheTokensAndShapes) {
+  const std::string model_path = TempPath("fisher_model.gguf");
+  const std::string fisher_path = TempPath("fisher.safetensors");
+  auto model = SynthModel(model_path, 2);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const KvShape shape = model->transformer->kv_shape();
+  const std::string text = Text(200);
+  const int64_t ctx = 64, rows = ctx - 1;
+  std::vector<int32_t> tokens = PerplexityTokens(*model, text);
+  tokens.resize(ctx);  // one window (the synthetic model adds no BOS)
+  auto write = [&](float token_shift) {
+    SafetensorsWriter writer;
+    std::vector<float> ids(tokens.begin(), tokens.end());
+    for (float& id : ids) id += token_shift;
+    EXPECT_TRUE(writer.AddTensor("tokens", DType::kF32, {ctx}, ids.data(), ids.size() * 4).ok());
+    // Unit weights: this test is about matching the file to the run.
+    std::vector<float> w(static_cast<size_t>(rows * shape.num_kv_heads * shape.head_dim), 1.0f);
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      for (const char* side : {"k.", "v."}) {
+        EXPECT_TRUE(writer
+                        .AddTensor(side + std::to_string(l), DType::kF32,
+                                   {rows, shape.num_kv_heads, shape.head_dim}, w.data(),
+                                   w.size() * 4)
+                        .ok());
+      }
+    }
+    EXPECT_TRUE(writer.Write(fisher_path).ok());
+  };
+  CalibrateOptions options;
+  options.bits = {2};
+  options.context = ctx;
+  options.tokens = ctx;
+  options.fisher_path = fisher_path;
+  write(0.0f);
+  auto ok = CalibrateKv(*model, text, options);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->calibration.method, "fisher");
+  write(1.0f);
+  auto other_tokens = CalibrateKv(*model, text, options);
+  ASSERT_FALSE(other_tokens.ok());
+  EXPECT_NE(other_tokens.status().message().find("other tokens"), std::string::npos)
+      << other_tokens.status().message();
+  options.context = 32;  // 2 windows of 32: the file's shapes no longer fit
+  options.tokens = 64;
+  auto other_ctx = CalibrateKv(*model, text, options);
+  ASSERT_FALSE(other_ctx.ok());
+  for (const std::string& f : {model_path, fisher_path}) fs::remove(f);
 }
 
 }  // namespace

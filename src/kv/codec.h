@@ -41,6 +41,10 @@
 //              (high nibble); int2 8 bytes, byte j = elements j, j+8, j+16,
 //              j+24 in bits 0-1, 2-3, 4-5, 6-7. This lets a SIMD register of
 //              up to 16 (int4) or 8 (int2) lanes decode from one load.
+//   nuqB-k-oP / nuqB-v-oP  (B = 2, 3, 4; P% outlier slots, default 1)
+//              KVQuant's non-uniform codebooks with dense-and-sparse rows;
+//              need a calibration file (SetCalibration). Layout and mapping
+//              in codec_nuq.cc; head_dim a multiple of 32 up to 256.
 // head_dim may be 1 to kMaxCodecHeadDim; integer codecs need it to be a
 // multiple of their group size. The float codecs' SIMD kernels need a
 // multiple of 16 (every common head_dim: 64, 80, 96, 128, 256); other sizes

@@ -418,5 +418,38 @@ TEST(KvQuantCache, PreRopeAttentionMatchesReferenceOnDecodedRopedKeys) {
   EXPECT_GT(quant_err, err);
 }
 
+TEST(KvQuantCache, TokenByTokenEqualsPrefill) {
+  // Every input is rounded to f16 before encoding (the staging rule) and
+  // NUQ rows are per token, so one prefill and token-by-token appends store
+  // the same bytes: decoded layers must be equal bit for bit.
+  std::mt19937 rng(6);
+  KvShape shape{1, 4, 2, 64};
+  auto inv_freq = ops::RopeInvFreq(64, 10000.0f, ops::RopeScaling{});
+  ASSERT_TRUE(inv_freq.ok());
+  shape.rope_inv_freq = *inv_freq;
+  const int64_t tokens = 40, row = 2 * 64;
+  const auto k = SyntheticKeys(tokens, 2, 64, rng);
+  const auto v = Normal(static_cast<size_t>(tokens * row), rng);
+  KvCalibration c = CalibrationFrom(k, tokens, 2, 64, {2});
+  c.num_heads = 4;
+  KvCacheOptions options;
+  options.k_type = options.v_type = "kvquant2";
+  options.max_tokens = tokens;
+  options.calibration_path = WriteTemp(c, "calib_stream");
+  auto prefill = PagedKvCache::Create(shape, options);
+  auto stepwise = PagedKvCache::Create(shape, options);
+  ASSERT_TRUE(prefill.ok() && stepwise.ok());
+  ASSERT_TRUE((*prefill)->AddSequence(0).ok() && (*stepwise)->AddSequence(0).ok());
+  ASSERT_TRUE((*prefill)->Append(0, 0, tokens, k.data(), k.data(), v.data()).ok());
+  for (int64_t t = 0; t < tokens; ++t) {
+    ASSERT_TRUE((*stepwise)->Append(0, 0, 1, &k[t * row], &k[t * row], &v[t * row]).ok());
+  }
+  std::vector<float> ka(k.size()), va(v.size()), kb(k.size()), vb(v.size());
+  ASSERT_TRUE((*prefill)->DecodeLayer(0, 0, ka.data(), va.data()).ok());
+  ASSERT_TRUE((*stepwise)->DecodeLayer(0, 0, kb.data(), vb.data()).ok());
+  EXPECT_EQ(0, std::memcmp(ka.data(), kb.data(), ka.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace kvq

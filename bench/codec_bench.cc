@@ -114,8 +114,12 @@ void BM_CodecHot(benchmark::State& state, const std::string& name, int64_t dim, 
 }
 
 void RegisterAll() {
+  // nuq*: KVQuant's non-uniform codecs (uncalibrated here: uniform levels;
+  // the kernels' cost does not depend on the level values).
   const char* names[] = {"f32",          "f16",           "bf16",         "fp8_e4m3",
-                         "int8-g32-sym", "int4-g32-asym", "int4-g32-sym", "int2-g32-asym"};
+                         "int8-g32-sym", "int4-g32-asym", "int4-g32-sym", "int2-g32-asym",
+                         "nuq4-k-o1",    "nuq4-v-o1",     "nuq3-k-o1",    "nuq3-v-o1",
+                         "nuq2-v-o1"};
   // (head_dim, GQA group): Llama-3-8B (128, 4) and Qwen2.5-0.5B (64, 7).
   const std::pair<int64_t, int64_t> shapes[] = {{128, 4}, {64, 7}};
   for (const auto& [dim, group] : shapes) {

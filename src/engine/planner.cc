@@ -82,8 +82,15 @@ StatusOr<int> NominalBits(const std::string& codec_name) {
   if (base == "fp8_e4m3" || base == "fp8_e5m2" || base == "int8") return 8;
   if (base == "int4") return 4;
   if (base == "int2") return 2;
+  // KVQuant's non-uniform codecs and schemes: B-bit codes (outlier slots and
+  // sinks are in the exact bytes, not the nominal bits).
+  for (int bits : {2, 3, 4}) {
+    if (base == "nuq" + std::to_string(bits) || base == "kvquant" + std::to_string(bits)) {
+      return bits;
+    }
+  }
   return Status::Error("unknown KV cache type '" + codec_name +
-                       "' (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2)");
+                       "' (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2, nuq2/3/4)");
 }
 
 double NominalKvBytesPerToken(const KvShape& shape, int k_bits, int v_bits) {
@@ -165,8 +172,9 @@ std::vector<std::string> PlanWarnings(const PlanModel& model, int k_bits, int v_
 }
 
 std::vector<std::string> DefaultPlanTypes() {
-  return {"f32",  "f16",          "bf16",      "fp8_e4m3", "fp8_e5m2",  "int8",  "int8-g128",
-          "int4", "int4-g32-sym", "int4-g128", "int2",     "int2-g128", "kivi4", "kivi2"};
+  return {"f32",       "f16",   "bf16",         "fp8_e4m3",  "fp8_e5m2", "int8",
+          "int8-g128", "int4",  "int4-g32-sym", "int4-g128", "int2",     "int2-g128",
+          "kivi4",     "kivi2", "kvquant4",     "kvquant3",  "kvquant2"};
 }
 
 }  // namespace kvq

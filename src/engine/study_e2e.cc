@@ -66,7 +66,7 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
 }
 
 std::string DefaultStudySchemes() {
-  return "f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2";
+  return "f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2,gear4,gear2";
 }
 
 KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads) {

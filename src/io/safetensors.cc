@@ -82,7 +82,17 @@ Status SafetensorsFile::ParseImpl(const uint8_t* data, size_t size) {
   std::vector<Span> spans;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
-    if (key == "__metadata__") continue;  // free-form strings; nothing we need
+    if (key == "__metadata__") {
+      // Free-form string pairs (calibration files record what they describe).
+      if (!it.value().is_object()) return Status::Error("'__metadata__' is not an object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (!m.value().is_string()) {
+          return Status::Error("metadata '" + Printable(m.key()) + "' is not a string");
+        }
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
     const std::string what = "tensor '" + Printable(key) + "'";
     const json& entry = it.value();
     if (!entry.is_object()) return Status::Error(what + ": header entry is not an object");

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,8 @@ class SafetensorsFile {
   // in general (the header length is arbitrary): read elements with memcpy.
   const std::vector<TensorRef>& tensors() const { return tensors_; }
   const TensorRef* Find(std::string_view name) const;  // nullptr if absent
+  // The header's "__metadata__" string pairs (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   SafetensorsFile() = default;
@@ -37,6 +40,7 @@ class SafetensorsFile {
   std::unique_ptr<MappedFile> map_;  // null when parsed from caller bytes
   std::string name_;
   std::vector<TensorRef> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // All tensors of a Hugging Face model folder: `model.safetensors`, or the

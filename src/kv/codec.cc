@@ -50,7 +50,8 @@ Status BadName(const std::string& name, const std::string& why) {
       " (choose f32, f16, bf16, fp8_e4m3, fp8_e5m2, or int8/int4/int2 with "
       "optional -g32/-g64/-g128 (per token) or -c32/-c64/-c128 (per channel) and "
       "-sym/-asym, e.g. int4-g64-sym; gear2/gear4 (GEAR, e.g. gear2-c64-rank4-iter3-out2); "
-      "aliases fp8, q8_0, q4_0, q4_1; streaming "
+      "KVQuant's nuq2/nuq3/nuq4-k or -v with -oP (P% outliers, default 1; need "
+      "--kv-calibration); aliases fp8, q8_0, q4_0, q4_1; streaming "
       "options -rN (N newest tokens in f16), -sN (first N tokens in f16), "
       "-prerope (K before RoPE))");
 }
@@ -167,6 +168,34 @@ StatusOr<codec::IntFormat> ParseIntName(const std::string& name, const std::stri
   return format;
 }
 
+// "nuq3-k", "nuq2-v-o2": KVQuant's non-uniform codecs (codec_nuq.cc).
+StatusOr<codec::NuqFormat> ParseNuqName(const std::string& name, const std::string& spelled) {
+  const std::vector<std::string> parts = Split(name, '-');
+  codec::NuqFormat format;
+  if (parts[0] == "nuq2" || parts[0] == "nuq3" || parts[0] == "nuq4") {
+    format.bits = parts[0][3] - '0';
+  } else {
+    return BadName(spelled, "unknown type '" + parts[0] + "' (NUQ bits are 2, 3 or 4)");
+  }
+  if (parts.size() < 2 || (parts[1] != "k" && parts[1] != "v")) {
+    return BadName(spelled, "NUQ codecs name the side they calibrate for: nuq3-k or nuq3-v");
+  }
+  format.is_v = parts[1] == "v";
+  bool have_outliers = false;
+  for (size_t i = 2; i < parts.size(); ++i) {
+    const int64_t percent = OptionNumber(parts[i], 'o');
+    if (percent < 0) return BadName(spelled, "unknown option '" + parts[i] + "'");
+    if (have_outliers) return BadName(spelled, "-o given twice");
+    if (percent > codec::kNuqMaxOutlierPercent) {
+      return BadName(spelled, "-oP keeps P% of each row exactly, 0 <= P <= " +
+                                  std::to_string(codec::kNuqMaxOutlierPercent));
+    }
+    have_outliers = true;
+    format.outlier_percent = percent;
+  }
+  return format;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& spelled, int64_t head_dim,
@@ -190,6 +219,15 @@ StatusOr<std::unique_ptr<KvCodec>> ParseKvCodec(const std::string& spelled, int6
     if (name.rfind(std::string(f.name) + "-", 0) == 0) {
       return BadName(spelled, std::string(f.name) + " takes no format options");
     }
+  }
+  if (codec == nullptr && name.rfind("nuq", 0) == 0) {
+    KVQ_ASSIGN_OR_RETURN(const codec::NuqFormat format, ParseNuqName(name, spelled));
+    if (head_dim % 32 != 0 || head_dim > codec::kNuqMaxHeadDim) {
+      return BadName(spelled, "NUQ codecs need head_dim a multiple of 32 up to " +
+                                  std::to_string(codec::kNuqMaxHeadDim) + " (head_dim " +
+                                  std::to_string(head_dim) + ")");
+    }
+    codec = codec::MakeNuqCodec(format, head_dim, path);
   }
   if (codec == nullptr) {
     KVQ_ASSIGN_OR_RETURN(const codec::IntFormat format, ParseIntName(name, spelled));

@@ -41,6 +41,10 @@
 //              (high nibble); int2 8 bytes, byte j = elements j, j+8, j+16,
 //              j+24 in bits 0-1, 2-3, 4-5, 6-7. This lets a SIMD register of
 //              up to 16 (int4) or 8 (int2) lanes decode from one load.
+//   nuqB-k-oP / nuqB-v-oP  (B = 2, 3, 4; P% outlier slots, default 1)
+//              KVQuant's non-uniform codebooks with dense-and-sparse rows;
+//              need a calibration file (SetCalibration). Layout and mapping
+//              in codec_nuq.cc; head_dim a multiple of 32 up to 256.
 // head_dim may be 1 to kMaxCodecHeadDim; integer codecs need it to be a
 // multiple of their group size. The float codecs' SIMD kernels need a
 // multiple of 16 (every common head_dim: 64, 80, 96, 128, 256); other sizes
@@ -56,6 +60,8 @@
 #include "base/status.h"
 
 namespace kvq {
+
+struct KvCalibration;  // kv/kv_calibration.h
 
 inline constexpr int64_t kMaxCodecHeadDim = 1024;
 
@@ -118,6 +124,17 @@ class KvCodec {
   // cache may call it before every Encode. x: [n, head_dim].
   virtual bool NeedsCalibration() const { return false; }
   virtual void Calibrate(const float* /*x*/, int64_t /*n*/) {}
+
+  // Codecs built from offline calibration (KVQuant's non-uniform codebooks
+  // and per-channel key scales, codec_nuq.cc) need a calibration file: the
+  // cache loads it once (KvCacheOptions::calibration_path) and hands every
+  // instance its (layer, KV head, K or V) share before the first Encode.
+  // Errors name what the file lacks.
+  virtual bool NeedsCalibrationFile() const { return false; }
+  virtual Status SetCalibration(const KvCalibration& /*calibration*/, int64_t /*layer*/,
+                                int64_t /*head*/, bool /*is_v*/) {
+    return Status::Ok();
+  }
 
   // x: [n, head_dim] -> rows: n * RowBytes() bytes. Tile codecs
   // (streaming().tile_tokens > 1) take whole tiles: n % tile_tokens == 0,

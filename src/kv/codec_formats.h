@@ -98,6 +98,57 @@ struct GearParts {
   std::vector<float> base, low_rank, low_rank_abs, outlier_mask;  // [n, head_dim] each
 };
 StatusOr<GearParts> GearDecodeParts(const KvCodec& codec, const uint8_t* rows, int64_t n);
+// ---- NUQ: KVQuant's non-uniform codebooks with dense-and-sparse rows ----
+// (codec_nuq.cc has the layout.) Outlier channels are stored in one byte.
+inline constexpr int64_t kNuqMaxHeadDim = 256;
+inline constexpr int64_t kNuqMaxOutlierPercent = 10;
+inline constexpr int64_t kNuqMaxSlots = (kNuqMaxOutlierPercent * kNuqMaxHeadDim + 99) / 100;
+
+struct NuqFormat {
+  int bits = 3;       // 2, 3 or 4: 2^bits levels
+  bool is_v = false;  // V: per-token scale/offset; K: calibrated per-channel ones
+  int64_t outlier_percent = 1;
+
+  int64_t Levels() const { return int64_t{1} << bits; }
+  // Outlier slots per row: ceil(outlier_percent% of head_dim).
+  int64_t Slots(int64_t head_dim) const { return (outlier_percent * head_dim + 99) / 100; }
+  size_t CodeBytes(int64_t head_dim) const { return static_cast<size_t>(head_dim * bits / 8); }
+  size_t ParamBytes() const { return is_v ? 4 : 0; }
+  // Offsets inside a row: codes, params (V), slot values (f16), slot channels (u8).
+  size_t ValuesOffset(int64_t head_dim) const { return CodeBytes(head_dim) + ParamBytes(); }
+  size_t ChannelsOffset(int64_t head_dim) const {
+    return ValuesOffset(head_dim) + 2 * static_cast<size_t>(Slots(head_dim));
+  }
+  size_t RowBytes(int64_t head_dim) const {
+    return (ChannelsOffset(head_dim) + static_cast<size_t>(Slots(head_dim)) + 3) / 4 * 4;
+  }
+  std::string Name() const;  // "nuq3-k-o1"
+};
+
+// How one row is split before quantization: the normalized values y (the
+// inliers in [-1, 1]) and the outlier channels kept exactly.
+struct NuqRowSplit {
+  uint16_t scale_bits = 0, offset_bits = 0;  // V: f16 per-token scale and offset
+  float scale = 1.0f, offset = 0.0f;         // V: their values
+  int64_t slots = 0;
+  uint8_t channels[kNuqMaxSlots] = {};  // outlier channels, ascending
+};
+// x: [head_dim] (finite or not; never crashes). K: y = (x - ch_offset) /
+// ch_scale, the outliers are the Slots() channels of largest |y| (lower
+// channel first on ties). V: the outliers are removed greedily from the ends
+// of the sorted row (each time the end whose removal shrinks the range more,
+// the maximum on a tie); scale = f16(half the inliers' range), offset =
+// f16(their midpoint), y = (x - offset) / scale (0 when scale is 0). y: [head_dim].
+void NuqSplitRowRef(const NuqFormat& f, int64_t head_dim, const float* x, const float* ch_offset,
+                    const float* ch_scale, float* y, NuqRowSplit* split);
+// Index of the level nearest y given the midpoints between sorted levels
+// (levels - 1 of them): the number of midpoints below y (ties go down).
+uint8_t NuqNearestRef(const float* midpoints, int64_t levels, float y);
+// bits 2 and 4 pack as the int formats; 3 bits as 12 bytes per 32 values:
+// bytes 0-7 the low two bits exactly as int2, bytes 8-11 the high bit
+// (byte 8 + m, bit l: element 8m + l).
+void NuqPackRef(int bits, int64_t i, uint8_t u, uint8_t* codes);
+uint8_t NuqUnpackRef(int bits, int64_t i, const uint8_t* codes);
 
 // ---- reference fused kernels ----
 // Scores / AccumulateV as codec.h defines them, computed by decoding each row
@@ -113,5 +164,6 @@ std::unique_ptr<KvCodec> MakeFloatCodec(FloatKind kind, int64_t head_dim, CodecP
 std::unique_ptr<KvCodec> MakeIntCodec(const IntFormat& format, int64_t head_dim, CodecPath path);
 std::unique_ptr<KvCodec> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
                                           CodecPath path);
+std::unique_ptr<KvCodec> MakeNuqCodec(const NuqFormat& format, int64_t head_dim, CodecPath path);
 
 }  // namespace kvq::codec

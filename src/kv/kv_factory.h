@@ -32,6 +32,9 @@ struct KvCacheOptions {
   int64_t max_tokens = 0;     // per-sequence limit (the model's context); required
   size_t memory_bytes = 0;    // allocator budget; 0 = room for one sequence of max_tokens
   int num_threads = 0;        // OpenMP threads for Attend (0 = OpenMP's default)
+  // `kvq calibrate` output for codecs that need one (KVQuant's nuq*); loaded
+  // once by the cache, ignored by the others.
+  std::string calibration_path;
 };
 
 // Bytes the paged cache allocates, exactly (the planner prints these).
@@ -96,7 +99,6 @@ struct KvLayout {
            static_cast<size_t>(head) * l.v_tile_bytes;
   }
 };
-
 
 StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& options);
 

@@ -20,6 +20,12 @@ constexpr Scheme kSchemes[] = {
     // power iterations, 2% sparse outliers.
     {"gear2", "gear2-c64-rank4-iter3-out2", "gear2-g32-t64-rank4-iter3-out2"},
     {"gear4", "gear4-c64-rank4-iter3-out2", "gear4-g32-t64-rank4-iter3-out2"},
+    // KVQuant (SCHEMES.md): non-uniform calibrated codebooks, K before RoPE
+    // with per-channel scales, V per token, 1% of each row exact, the first
+    // token in f16. Need a `kvq calibrate` file (--kv-calibration).
+    {"kvquant2", "nuq2-k-o1-s1-prerope", "nuq2-v-o1-s1"},
+    {"kvquant3", "nuq3-k-o1-s1-prerope", "nuq3-v-o1-s1"},
+    {"kvquant4", "nuq4-k-o1-s1-prerope", "nuq4-v-o1-s1"},
 };
 
 std::string Trim(const std::string& s) {

@@ -8,6 +8,9 @@
 //   gear2, gear4   GEAR (arXiv:2403.05527): that base at 2/4 bits over 64-token
 //                  tiles (K per channel, V per token in 32-channel groups) plus
 //                  a rank-4 residual and 2% exact outliers per tile (codec_gear.cc).
+//   kvquant2/3/4   KVQuant (arXiv:2401.18079): nuqB-k (pre-RoPE, calibrated
+//                  per-channel scales) / nuqB-v (per token), 1% outliers
+//                  exact, first token f16; needs a calibration file.
 //   "K/V"          a pair of codec names, e.g. "f16/int4".
 //   anything else  a codec name (codec.h) used for both K and V.
 // A new scheme that is a pair of codecs is one line in kv_policy.cc.

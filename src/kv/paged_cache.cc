@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kv/hadamard.h"
+#include "kv/kv_calibration.h"
 #include "kv/kv_policy.h"
 #include "kv/online_softmax.h"
 #include "ops/rope.h"
@@ -48,11 +49,29 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   std::string layer_names;
   KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
                        ResolveKvLayerTypes(options, shape.num_layers));
+  // Loaded once, on the first codec that needs it (KVQuant's nuq*).
+  std::unique_ptr<KvCalibration> calibration;
+  auto calibrate = [&](KvCodec& codec, int64_t layer, int64_t head, bool is_v) -> Status {
+    if (!codec.NeedsCalibrationFile()) return Status::Ok();
+    if (calibration == nullptr) {
+      if (options.calibration_path.empty()) {
+        return Status::Error("KV cache type '" + codec.Name() +
+                             "' needs a calibration file: make one with `kvq calibrate -m MODEL "
+                             "-f TEXT -o FILE` and pass --kv-calibration FILE");
+      }
+      KVQ_ASSIGN_OR_RETURN(KvCalibration loaded, LoadKvCalibration(options.calibration_path));
+      KVQ_RETURN_IF_ERROR(loaded.CheckShape(shape));
+      calibration = std::make_unique<KvCalibration>(std::move(loaded));
+    }
+    return codec.SetCalibration(*calibration, layer, head, is_v);
+  };
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     const KvLayerTypes& types = layer_types[static_cast<size_t>(l)];
     for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
       KVQ_ASSIGN_OR_RETURN(auto k_codec, ParseKvCodec(types.k_type, shape.head_dim));
       KVQ_ASSIGN_OR_RETURN(auto v_codec, ParseKvCodec(types.v_type, shape.head_dim));
+      KVQ_RETURN_IF_ERROR(calibrate(*k_codec, l, h, /*is_v=*/false));
+      KVQ_RETURN_IF_ERROR(calibrate(*v_codec, l, h, /*is_v=*/true));
       cache->any_streaming_ =
           cache->any_streaming_ || !k_codec->streaming().Plain() || !v_codec->streaming().Plain();
       cache->k_codecs_.push_back(std::move(k_codec));

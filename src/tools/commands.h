@@ -21,5 +21,6 @@ void RegisterPlanCommand(CLI::App& app, CommandContext& ctx);
 void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterStudyCommand(CLI::App& app, CommandContext& ctx);
 void RegisterTuneCommand(CLI::App& app, CommandContext& ctx);
+void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

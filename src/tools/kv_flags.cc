@@ -24,7 +24,8 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
       "int4-g64, int4-g32-sym, per channel int2-c32; defaults group 32, asymmetric; streaming "
       "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, gear2, "
       "gear4 (GEAR codecs: gear2-c64-rank4-iter3-out2 for K, gear2-g32-t64-rank4-iter3-out2 "
-      "for V), or K/V pairs like f16/int4";
+      "for V), kvquant2, kvquant3, kvquant4 (need --kv-calibration), or K/V pairs like "
+      "f16/int4";
   cmd.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                  std::string("KV cache type for K and V: ") + types + " (default f16)");
   cmd.add_option("--cache-type-k", flags->cache_type_k,
@@ -45,6 +46,8 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
                  "Per-layer cache types: rules 'LAYERS: TYPE' separated by ';' or newlines, later "
                  "rules win, layers N, -N (from the end), A..B or *, e.g. '*: kivi2; 0,-1: f16'; "
                  "or a file holding such rules");
+  cmd.add_option("--kv-calibration", flags->calibration,
+                 "Calibration file from `kvq calibrate` (needed by kvquant2/3/4 and nuq* types)");
   cmd.add_option("--k-bits", flags->kivi_k_bits, "KIVI: key bits 2, 4 or 8 (sets a KIVI cache)");
   cmd.add_option("--v-bits", flags->kivi_v_bits, "KIVI: value bits 2, 4 or 8 (sets a KIVI cache)");
   cmd.add_option("--group-size", flags->kivi_group,
@@ -84,6 +87,7 @@ StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_toke
                            "': neither a readable file nor rules like '*: int4; 0,-1: f16'");
     }
   }
+  options.calibration_path = flags.calibration;
   options.rotate = flags.rotate;
   options.block_tokens = flags.block_tokens;
   options.max_tokens = max_tokens;

@@ -19,7 +19,8 @@ struct KvFlags {
   bool rotate = false;
   std::string memory;  // --kv-memory text; empty = room for one sequence of the context
   int64_t block_tokens = 16;
-  std::string policy;  // --kv-policy: inline rules or a file holding them
+  std::string policy;       // --kv-policy: inline rules or a file holding them
+  std::string calibration;  // --kv-calibration: `kvq calibrate` output (KVQuant)
   // KIVI's knobs (--k-bits --v-bits --group-size --residual-length); 0 = unset.
   int kivi_k_bits = 0, kivi_v_bits = 0;
   int64_t kivi_group = 0, kivi_residual = 0;

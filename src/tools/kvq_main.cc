@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   kvq::RegisterBenchCommand(app, ctx);
   kvq::RegisterPerplexityCommand(app, ctx);
   kvq::RegisterPlanCommand(app, ctx);
+  kvq::RegisterCalibrateCommand(app, ctx);
   kvq::RegisterServeCommand(app, ctx);
   kvq::RegisterStudyCommand(app, ctx);
   kvq::RegisterTuneCommand(app, ctx);

@@ -1,0 +1,104 @@
+// Offline calibration for KVQuant-style codecs (codec_nuq.cc): per-channel
+// key normalization (pre-RoPE) and per-layer non-uniform codebooks, written
+// by `kvq calibrate` as one safetensors file and read by the cache.
+//
+// File layout (every tensor F32; L layers, H KV heads, D head_dim):
+//   k.channel_offset     [L, H, D]  centre of each pre-RoPE key channel's
+//                                   inlier range (between the outlier
+//                                   thresholds, the p/2 and 1 - p/2
+//                                   quantiles for p = outlier_percent %)
+//   k.channel_scale      [L, H, D]  half that range: y = (k - offset) / scale
+//                                   puts the inliers in [-1, 1]
+//   nuq{B}.k.levels      [L, 2^B]   sorted codebook levels in the normalized
+//   nuq{B}.v.levels      [L, 2^B]   domain, one set per requested bit width B
+// Metadata ("__metadata__" strings): format = "kvq-kvquant-calibration/1",
+// num_layers, num_heads, num_kv_heads, head_dim, bits ("2,3,4"), tokens,
+// outlier_percent, method, qnorm ("0"/"1"), model.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/kv_cache.h"
+
+namespace kvq {
+
+inline constexpr char kKvCalibrationFormat[] = "kvq-kvquant-calibration/1";
+
+struct KvCalibration {
+  std::string source;  // the file it came from (error messages)
+  int64_t num_layers = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t tokens = 0;           // calibration tokens the statistics saw
+  int64_t outlier_percent = 1;  // quantiles the channel ranges were cut at
+  std::string method;           // how levels were weighted (see engine/calibrate.h)
+  bool qnorm = false;           // levels rescaled to keep the calibration mean/std
+  std::string model;
+  std::vector<float> k_offset, k_scale;  // [num_layers, num_kv_heads, head_dim] each
+  struct Codebooks {
+    std::vector<float> k, v;  // [num_layers, 2^bits] each, sorted
+  };
+  std::map<int, Codebooks> codebooks;  // by bit width
+
+  std::string BitsList() const;  // "2,3,4"
+  // The model shape the file was made for must be `shape`'s; errors name
+  // each mismatching field and both values.
+  Status CheckShape(const KvShape& shape) const;
+  // The codebooks of `bits`, or an error naming the bit widths present.
+  StatusOr<const Codebooks*> ForBits(int bits) const;
+};
+
+// Reads and validates a calibration file (every tensor present with its
+// shape, scales positive, levels finite and sorted).
+StatusOr<KvCalibration> LoadKvCalibration(const std::string& path);
+Status SaveKvCalibration(const KvCalibration& calibration, const std::string& path);
+
+// Weighted 1-D k-means (Lloyd's algorithm): k centres minimizing
+// sum_i w_i (x_i - nearest centre)^2. Sorts the points once; each iteration
+// then finds the cells by binary search and their weighted means by prefix
+// sums (O(k log n)). Starts from the weighted quantiles (j + 1/2) / k and
+// stops when no centre moves or after max_iterations. Returns k sorted
+// centres (an empty cell keeps its previous centre). values, weights: [n].
+std::vector<double> WeightedKMeans1D(const std::vector<float>& values,
+                                     const std::vector<float>& weights, int k,
+                                     int max_iterations = 200);
+
+// Pre-RoPE key channel ranges of one layer: for each (KV head, channel) the
+// p/2 and 1 - p/2 quantiles (p = outlier_percent %, at least the extreme
+// values when p = 0) give offset = their midpoint and scale = half their
+// distance (at least 2^-14, so constant channels stay well defined).
+// k: [n, kv_heads, head_dim]; offset, scale: [kv_heads, head_dim].
+void KeyChannelRanges(const float* k, int64_t n, int64_t kv_heads, int64_t head_dim,
+                      int64_t outlier_percent, float* offset, float* scale);
+
+// One layer's K or V rows and how to weight their errors.
+struct NuqFitInput {
+  int bits = 3;
+  bool is_v = false;
+  int64_t outlier_percent = 1;
+  int64_t n = 0, kv_heads = 0, head_dim = 0;
+  const float* x = nullptr;  // [n, kv_heads, head_dim]
+  // K: the channel normalization the codec will use ([kv_heads, head_dim]).
+  const float* k_offset = nullptr;
+  const float* k_scale = nullptr;
+  // Sensitivity per (KV head, channel) ([kv_heads, head_dim]), or null for
+  // uniform. K: E[q_c^2]-style weights, so the k-means minimizes the
+  // expected squared score error.
+  const float* channel_weight = nullptr;
+  // Or one weight per element (diagonal Fisher information), [n, kv_heads,
+  // head_dim]; wins over channel_weight.
+  const float* element_weight = nullptr;
+  bool qnorm = false;
+};
+// The 2^bits levels (sorted, normalized domain) for one layer: every row is
+// split exactly as the codec will split it (NuqSplitRowRef: outlier slots
+// set aside, the rest normalized), the inliers (clamped to [-1, 1]) are the
+// k-means points, weighted by channel_weight * scale^2 so the objective is
+// the (sensitivity-weighted) error in the original units. With qnorm the
+// levels are then shifted and scaled so the dequantized inliers have the
+// mean and standard deviation of the originals (KVQuant's Q-Norm).
+StatusOr<std::vector<float>> FitNuqLevels(const NuqFitInput& in);
+
+}  // namespace kvq

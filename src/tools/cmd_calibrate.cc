@@ -1,0 +1,118 @@
+// kvq calibrate: the offline calibration file KVQuant's nuq codecs read
+// (--kv-calibration). engine/calibrate.h describes what is computed,
+// kv/kv_calibration.h the file.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "base/threads.h"
+#include "engine/calibrate.h"
+#include "engine/loaded_model.h"
+#include "tools/commands.h"
+
+namespace kvq {
+namespace {
+
+struct CalibrateFlags {
+  std::string model;
+  std::string file;
+  std::string output;
+  std::vector<int> bits{2, 3, 4};
+  int64_t tokens = 4096;
+  int64_t context = 512;
+  int64_t outliers = 1;
+  bool qnorm = false;
+  std::string weights = "q2";
+  std::string fisher;
+  int threads = 0;
+};
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvq calibrate: %s\n", message.c_str());
+  return 1;
+}
+
+int RunCalibrateCommand(const CalibrateFlags& flags) {
+  std::ifstream in(flags.file, std::ios::binary);
+  if (!in) return Fail(flags.file + ": cannot open the text file");
+  std::stringstream text;
+  text << in.rdbuf();
+  const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
+  auto loaded = LoadModel(flags.model, threads);
+  if (!loaded.ok()) return Fail(loaded.status().message());
+  CalibrateOptions options;
+  options.bits = flags.bits;
+  options.tokens = flags.tokens;
+  options.context = flags.context;
+  options.outlier_percent = flags.outliers;
+  options.qnorm = flags.qnorm;
+  options.weights = flags.weights;
+  options.fisher_path = flags.fisher;
+  auto result = CalibrateKv(*loaded, text.str(), options);
+  if (!result.ok()) return Fail(result.status().message());
+  const Status saved = SaveKvCalibration(result->calibration, flags.output);
+  if (!saved.ok()) return Fail(saved.message());
+  const KvCalibration& c = result->calibration;
+  std::printf(
+      "kvq calibrate: %s: %lld windows of %lld tokens (%lld calibrated tokens), bits %s, "
+      "%lld%% outliers, method %s%s -> %s\n",
+      loaded->path.c_str(), static_cast<long long>(result->windows),
+      static_cast<long long>(flags.context), static_cast<long long>(c.tokens), c.BitsList().c_str(),
+      static_cast<long long>(c.outlier_percent), c.method.c_str(), c.qnorm ? ", Q-Norm" : "",
+      flags.output.c_str());
+  for (const auto& [bits, books] : c.codebooks) {
+    const int64_t levels = int64_t{1} << bits;
+    for (bool is_v : {false, true}) {
+      const std::vector<float>& l = is_v ? books.v : books.k;
+      std::printf("  nuq%d %s layer 0 levels:", bits, is_v ? "V" : "K");
+      for (int64_t j = 0; j < levels; ++j) std::printf(" %.3f", l[static_cast<size_t>(j)]);
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<CalibrateFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate", "Offline calibration for KVQuant caches (kvquant2/3/4 --kv-calibration FILE)");
+  cmd->footer(
+      "Runs the model over the text in windows of --ctx tokens and writes, per layer, the\n"
+      "pre-RoPE key channel ranges (outlier thresholds) and sensitivity-weighted k-means\n"
+      "codebooks for each --bits (safetensors; tensor names in kv/kv_calibration.h).\n"
+      "Key channels are weighted by the expected squared query component they multiply\n"
+      "(gradient-free; engine/calibrate.h), values uniformly.");
+  cmd->add_option("-m,--model", flags->model,
+                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
+  cmd->add_option("-o,--output", flags->output, "Calibration file to write")->required();
+  cmd->add_option("--bits", flags->bits, "Bit widths to make codebooks for (default 2,3,4)")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 4));
+  cmd->add_option("--tokens", flags->tokens, "Calibration tokens, in whole windows (default 4096)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("-c,--ctx", flags->context, "Window length in tokens (default 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--outliers", flags->outliers,
+                  "Percent of each channel beyond the outlier thresholds (default 1)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10}));
+  cmd->add_flag("--qnorm", flags->qnorm,
+                "Q-Norm: shift and scale the levels so dequantized values keep the calibration "
+                "mean and standard deviation");
+  cmd->add_option("--weights", flags->weights,
+                  "k-means weights: q2 (keys by expected squared query component, default) or "
+                  "uniform")
+      ->check(CLI::IsMember({"q2", "uniform"}));
+  cmd->add_option("--fisher", flags->fisher,
+                  "Squared gradients per K/V element from tools/train/kvquant_fisher.py (same "
+                  "text, --tokens, --ctx) to weight the k-means with (KVQuant's Fisher weights)");
+  cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([flags, &ctx] { ctx.exit_code = RunCalibrateCommand(*flags); });
+}
+
+}  // namespace kvq

@@ -83,13 +83,12 @@ Status SafetensorsFile::ParseImpl(const uint8_t* data, size_t size) {
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
     if (key == "__metadata__") {
-      // Free-form string pairs (calibration files record what they describe).
-      if (!it.value().is_object()) return Status::Error("'__metadata__' is not an object");
+      // Free-form pairs (calibration files record what they describe). The
+      // format says string to string; other writers put anything there, so
+      // non-string values are skipped rather than refused.
+      if (!it.value().is_object()) continue;
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (!m.value().is_string()) {
-          return Status::Error("metadata '" + Printable(m.key()) + "' is not a string");
-        }
-        metadata_[m.key()] = m.value().get<std::string>();
+        if (m.value().is_string()) metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }

@@ -274,7 +274,7 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
   if (n > 0) codec.Decode(rows.data(), n, x.data());
   std::optional<codec::IntFormat> int_format;
   const std::string name = codec.Name();
-  if (name.rfind("int", 0) == 0) {
+  if (name.rfind("int", 0) == 0 && name.find("-g") != std::string::npos) {
     int_format = codec::IntFormat{name[3] - '0', std::stoll(name.substr(name.find("-g") + 2)),
                                   name.find("-sym") != std::string::npos};
   }
@@ -438,8 +438,8 @@ TEST(CodecRoundTripTest, PerChannelErrorFollowsEachChannelsRange) {
       const double step = (hi - lo) / ((1 << bits) - 1);
       // Half a step, plus the f16 scale's error (relative 2^-11, times at most
       // 2^bits - 1 steps) and the f16 min's (2^-11 |min|).
-      const double bound = step / 2 + step * ((1 << bits) - 1) * 0x1p-11 +
-                           std::fabs(lo) * 0x1p-11 + 1e-6;
+      const double bound =
+          step / 2 + step * ((1 << bits) - 1) * 0x1p-11 + std::fabs(lo) * 0x1p-11 + 1e-6;
       for (int64_t t = 0; t < tile; ++t) {
         ASSERT_NEAR(back[t * 64 + c], x[t * 64 + c], bound) << name << " channel " << c;
       }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/fp16.h"
+#include "int_scores_bounds.h"
 #include "kv/codec.h"
 #include "kv/codec_formats.h"
 #include "kv/kv_factory.h"
@@ -272,6 +273,11 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
   const float scale = 0.125f;
   std::vector<float> scores(static_cast<size_t>(group * stride), -7.0f);
   codec.Scores(rows.data(), n, q.data(), group, scale, scores.data(), stride);
+  // A per-token base scores through the integer codec, which quantizes q to
+  // int8 per group first (codec_int_scores.h): add that term's bound.
+  auto format = codec::ParseGearFormat(codec.Name(), codec.Name());
+  ASSERT_TRUE(format.ok());
+  const bool int_query = !format->per_channel;
   for (int64_t h = 0; h < group; ++h) {
     for (int64_t t = 0; t < stride; ++t) {
       if (t >= n) {
@@ -283,7 +289,11 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
         exact += static_cast<double>(q[h * dim + i]) * x[t * dim + i];
         m += std::fabs(q[h * dim + i]) * mag[t * dim + i];
       }
-      ASSERT_NEAR(scores[h * stride + t], scale * exact, gamma * scale * m + 1e-30)
+      const double query_bound =
+          int_query ? int_scores_bounds::QuantizationBound(
+                          format->Base(), dim, &parts->base[t * dim], &q[h * dim], scale)
+                    : 0.0;
+      ASSERT_NEAR(scores[h * stride + t], scale * exact, gamma * scale * m + query_bound + 1e-30)
           << what << " Scores h " << h << " t " << t;
     }
   }

@@ -70,9 +70,9 @@ std::vector<std::string> AvailableCodecs() {
        {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2", "int4-g64-sym",
         "int8-g128", "int2-g32-sym",
         // streaming: per-channel tiles, residual rings, sinks
-        "int2-c32-asym-r64", "int8-c64-sym", "int4-g32-asym-r32", "int4-g32-asym-s3", "f16-r8-s1",
+        "int2-c32-asym-r64", "int8-c64-sym", "fp8_e4m3-r32", "bf16-s3", "f16-r8-s1",
         // GEAR: base + low-rank residual + sparse outliers per tile
-        "gear2", "gear4-g32-t32-rank2-iter2-out0.5-s2"}) {
+        "gear2", "gear4-c32-rank2-iter2-out0.5-s2"}) {
     if (ParseKvCodec(name, 64).ok()) names.push_back(name);
   }
   return names;
@@ -91,7 +91,8 @@ void QuantizeQueryLikeKCodec(const std::string& k_type, int64_t dim, std::vector
   auto parsed = ParseKvCodec(k_type, dim);
   if (!parsed.ok()) return;
   const std::string name = (*parsed)->Name();
-  if (name.rfind("int", 0) != 0) return;
+  // Per-token integer K codecs only (per-channel ones use the float kernels).
+  if (name.rfind("int", 0) != 0 || name.find("-g") == std::string::npos) return;
   const int64_t group = std::stoll(name.substr(name.find("-g") + 2)), groups = dim / group;
   std::vector<int8_t> q8(static_cast<size_t>(dim));
   std::vector<float> qs(static_cast<size_t>(groups));

@@ -63,7 +63,9 @@ double SquaredError(const std::vector<float>& a, const std::vector<float>& b) {
 std::vector<float> OutlierKeys(int64_t tokens, int64_t dim, int spikes, std::mt19937& rng) {
   std::vector<float> x = Normal(static_cast<size_t>(tokens * dim), rng);
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t c : {3, 17, 40}) x[t * dim + c] += 20.0f;
+    for (int64_t c : {3, 17, 40}) {
+      if (c < dim) x[t * dim + c] += 20.0f;  // dim 32 has no channel 40
+    }
   }
   std::uniform_int_distribution<int64_t> pos(0, 64 * dim - 1);
   for (int64_t t0 = 0; t0 + 64 <= tokens; t0 += 64) {

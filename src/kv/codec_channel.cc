@@ -74,20 +74,7 @@ struct ChannelFmt {
   HWY_INLINE ScaleOffset Params(const uint8_t*, int64_t) const { return {0.0f, 0.0f}; }
 
   HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i, hn::Vec<D>, hn::Vec<D>) const {
-    const hn::RebindToSigned<D> di;
-    const hn::Rebind<uint8_t, D> du8;
-    hn::Vec<decltype(di)> u;
-    if constexpr (kBits == 8) {
-      u = hn::PromoteTo(di, hn::LoadU(du8, row + i));
-    } else if constexpr (kBits == 4) {
-      const int64_t within = i & 31;
-      const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 16 + (within & 15)));
-      u = within < 16 ? hn::And(raw, hn::Set(di, 0xF)) : hn::ShiftRight<4>(raw);
-    } else {
-      const int64_t within = i & 31;
-      const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 8 + (within & 7)));
-      u = hn::And(hn::ShiftRightSame(raw, static_cast<int>(2 * (within >> 3))), hn::Set(di, 3));
-    }
+    const auto u = LoadIntCodes<kBits>(d, row, i);
     return hn::MulAdd(hn::ConvertTo(d, u), hn::LoadU(d, scale + i), hn::LoadU(d, offset + i));
   }
 };

@@ -46,6 +46,27 @@ struct ScaleOffset {
   float scale, offset;
 };
 
+// Codes of elements [i, i + Lanes(d)) of one row packed as the integer
+// formats pack them (codec.h: int8 a byte each; int4 byte j = elements j |
+// j + 16 of a 32-value block; int2 byte j = elements j, j + 8, j + 16, j + 24),
+// as signed lanes. i is a multiple of Lanes(d); Lanes(d) <= 16 (int2: <= 8).
+template <int kBits, class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> LoadIntCodes(D /*d*/, const uint8_t* codes, int64_t i) {
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint8_t, D> du8;
+  if constexpr (kBits == 8) {
+    return hn::PromoteTo(di, hn::LoadU(du8, codes + i));
+  } else if constexpr (kBits == 4) {
+    const int64_t within = i & 31;
+    const auto raw = hn::PromoteTo(di, hn::LoadU(du8, codes + (i >> 5) * 16 + (within & 15)));
+    return within < 16 ? hn::And(raw, hn::Set(di, 0xF)) : hn::ShiftRight<4>(raw);
+  } else {
+    const int64_t within = i & 31;
+    const auto raw = hn::PromoteTo(di, hn::LoadU(du8, codes + (i >> 5) * 8 + (within & 7)));
+    return hn::And(hn::ShiftRightSame(raw, static_cast<int>(2 * (within >> 3))), hn::Set(di, 3));
+  }
+}
+
 template <class Fmt>
 HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
                            float* HWY_RESTRICT x) {

@@ -168,6 +168,11 @@ Status CheckFisherTokens(const SafetensorsFile& file, const std::vector<int32_t>
 
 StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
                                       const CalibrateOptions& options) {
+  return CalibrateKvTokens(model, PerplexityTokens(model, text), options);
+}
+
+StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vector<int32_t>& tokens,
+                                            const CalibrateOptions& options) {
   Transformer& transformer = *model.transformer;
   const KvShape shape = transformer.kv_shape();
   if (options.bits.empty()) return Status::Error("calibrate: no bit widths");
@@ -190,7 +195,6 @@ StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& tex
   if (static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
     return Status::Error("calibrate: the model's RoPE parameters are unknown");
   }
-  const std::vector<int32_t> tokens = PerplexityTokens(model, text);
   const int64_t available = static_cast<int64_t>(tokens.size()) / options.context;
   if (available == 0) {
     return Status::Error("calibrate: the text has " + std::to_string(tokens.size()) +

@@ -58,5 +58,9 @@ struct CalibrateResult {
 
 StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
                                       const CalibrateOptions& options);
+// The same over tokens already tokenized as PerplexityTokens does (BOS first
+// if the model adds one); each window's first token is replaced by BOS.
+StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vector<int32_t>& tokens,
+                                            const CalibrateOptions& options);
 
 }  // namespace kvq

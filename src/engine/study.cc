@@ -6,11 +6,13 @@
 #include <ctime>
 #include <filesystem>
 
+#include "engine/calibrate.h"
 #include "engine/perplexity.h"
 #include "engine/planner.h"
 #include "engine/study_capture.h"
 #include "engine/study_outliers.h"
 #include "engine/study_quant.h"
+#include "kv/kv_calibration.h"
 
 namespace kvq {
 namespace {
@@ -141,12 +143,76 @@ Json SchemeJson(const SchemeResult& r) {
   return j;
 }
 
+// KVQuant's calibration for the schemes that need one: the user's file, or
+// one computed here and saved to the scratch path. Returns the JSON record
+// (null when no scheme needs a calibration) and sets *path.
+StatusOr<Json> PrepareCalibration(LoadedModel& model, const std::vector<int32_t>& study_tokens,
+                                  int64_t evaluated_tokens, const std::vector<SchemeSpec>& schemes,
+                                  const StudyOptions& o, std::string* path) {
+  const KvShape shape = model.transformer->kv_shape();
+  bool needed = false;
+  for (const SchemeSpec& spec : schemes) {
+    KVQ_ASSIGN_OR_RETURN(bool needs, NeedsCalibrationFile(shape, SchemeCacheOptions(spec, 16, 1)));
+    needed = needed || needs;
+  }
+  path->clear();
+  if (!needed) return Json(nullptr);
+  if (!o.calibration_path.empty()) {
+    *path = o.calibration_path;
+    return Json{{"source", "file"}, {"path", o.calibration_path}};
+  }
+  if (o.calibration_scratch_path.empty()) {
+    return Status::Error("internal: KVQuant schemes need a calibration scratch path");
+  }
+  const auto start = Clock::now();
+  std::vector<int32_t> tokens;
+  std::string text_label;
+  bool overlaps = false;
+  if (!o.calibration_text.empty()) {
+    tokens = PerplexityTokens(model, o.calibration_text);
+    text_label = o.calibration_text_path.empty() ? "calibration text" : o.calibration_text_path;
+  } else if (static_cast<int64_t>(study_tokens.size()) - evaluated_tokens >=
+             o.calibration.context) {
+    tokens.assign(study_tokens.begin() + evaluated_tokens, study_tokens.end());
+    text_label = "the study text after the perplexity windows";
+  } else {
+    // Too short a text to hold out any: calibrate in-sample and say so.
+    tokens = study_tokens;
+    text_label = "the study text (in-sample: it is too short to hold out a window)";
+    overlaps = true;
+  }
+  KVQ_ASSIGN_OR_RETURN(CalibrateResult calibrated, CalibrateKvTokens(model, tokens, o.calibration));
+  KVQ_RETURN_IF_ERROR(SaveKvCalibration(calibrated.calibration, o.calibration_scratch_path));
+  *path = o.calibration_scratch_path;
+  const KvCalibration& c = calibrated.calibration;
+  return Json{{"source", "computed"},
+              {"text", text_label},
+              {"overlaps_perplexity_windows", overlaps},
+              {"windows", calibrated.windows},
+              {"context", o.calibration.context},
+              {"tokens", c.tokens},
+              {"method", c.method},
+              {"outlier_percent", c.outlier_percent},
+              {"bits", o.calibration.bits},
+              {"seconds", Since(start)}};
+}
+
 }  // namespace
 
-std::string DefaultStudyTextPath() {
+std::string DefaultStudyTextPath() { return DefaultCorpusPath("test.txt"); }
+
+std::string DefaultCalibrationTextPath(const std::string& study_text_path) {
+  namespace fs = std::filesystem;
+  const std::string test = DefaultStudyTextPath();
+  std::error_code ec;
+  if (test.empty() || !fs::equivalent(test, study_text_path, ec) || ec) return "";
+  return DefaultCorpusPath("valid.txt");
+}
+
+std::string DefaultCorpusPath(const std::string& name) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path relative = fs::path(".deps") / "corpus" / "test.txt";
+  const fs::path relative = fs::path(".deps") / "corpus" / name;
   std::vector<fs::path> candidates = {relative};
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back(exe.parent_path() / "../.." / relative);
@@ -286,7 +352,15 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   } else {
     std::rotate(schemes.begin(), base_it, base_it + 1);
   }
+  report("calibration", "kvquant", 0, 1);
+  std::string calibration_path;
+  auto calibration =
+      PrepareCalibration(model, tokens, windows * o.context, schemes, o, &calibration_path);
+  if (!calibration.ok()) return calibration.status().WithContext("KVQuant calibration");
+  out["calibration"] = std::move(*calibration);
+  report("calibration", "kvquant", 1, 1);
   EndToEndOptions e2e;
+  e2e.calibration_path = calibration_path;
   e2e.perplexity.context = o.context;
   e2e.perplexity.batch = o.batch;
   e2e.perplexity.max_windows = o.chunks;
@@ -315,6 +389,9 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   }
   std::error_code ignored;
   std::filesystem::remove(o.baseline_logits_path, ignored);
+  if (calibration_path == o.calibration_scratch_path && !calibration_path.empty()) {
+    std::filesystem::remove(calibration_path, ignored);
+  }
   KVQ_RETURN_IF_ERROR(status);
   out["schemes"] = std::move(scheme_list);
   out["memory"] = {{"contexts", o.memory_contexts}, {"series", std::move(series)}};

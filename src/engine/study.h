@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/calibrate.h"
 #include "engine/loaded_model.h"
 #include "engine/study_e2e.h"
 
@@ -33,6 +34,17 @@ struct StudyOptions {
   int64_t token_group = 32;          // per-channel statistics block (KIVI's G)
   std::string dump_path;             // --dump: captured tensors as safetensors ("" = none)
   std::string baseline_logits_path;  // scratch file for the f16 run's log-probs
+  // KVQuant schemes need a calibration (kvq calibrate). With calibration_path
+  // the study uses that file; otherwise it calibrates before the end-to-end
+  // runs (gradient-free "q2" weights) on calibration_text, or, when that is
+  // empty, on the study text after the perplexity windows (the JSON's
+  // "calibration" says which), and keeps the file at
+  // calibration_scratch_path for the run.
+  std::string calibration_path;
+  std::string calibration_text;
+  std::string calibration_text_path;  // for the JSON
+  std::string calibration_scratch_path;
+  CalibrateOptions calibration;  // tokens, window, bits, outliers
   std::vector<int64_t> memory_contexts = {512, 1024, 2048, 4096, 8192, 16384, 32768};
   int threads = 1;
 };
@@ -55,6 +67,11 @@ StatusOr<nlohmann::json> RunStudy(LoadedModel& model, const std::string& text,
 // The held-out text `kvq study` uses without -f: .deps/corpus/test.txt in the
 // working directory, else beside the binary's source tree; "" if absent.
 std::string DefaultStudyTextPath();
+// .deps/corpus/NAME found the same way; "" if absent.
+std::string DefaultCorpusPath(const std::string& name);
+// The validation split when `study_text_path` is the default test split (so
+// KVQuant calibrates on held-out text of the same corpus), else "".
+std::string DefaultCalibrationTextPath(const std::string& study_text_path);
 
 // A finite number, or null (JSON has no NaN / inf).
 nlohmann::json JsonNumber(double x);

@@ -66,11 +66,14 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
 }
 
 std::string DefaultStudySchemes() {
-  return "f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2,gear4,gear2";
+  return "f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2,gear4,"
+         "gear2,kvquant4,kvquant3,kvquant2";
 }
 
-KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads) {
+KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads,
+                                  const std::string& calibration_path) {
   KvCacheOptions o;
+  o.calibration_path = calibration_path;
   o.k_type = spec.k_type;
   o.v_type = spec.v_type;
   o.rotate = spec.rotate;
@@ -199,7 +202,8 @@ StatusOr<SchemeResult> RunSchemeEndToEnd(
   SchemeResult r;
   r.spec = spec;
   r.baseline = is_baseline;
-  const KvCacheOptions cache_options = SchemeCacheOptions(spec, max_tokens, options.threads);
+  const KvCacheOptions cache_options =
+      SchemeCacheOptions(spec, max_tokens, options.threads, options.calibration_path);
   KVQ_ASSIGN_OR_RETURN(r.plan, PlanKvType(shape, cache_options));
   SchemeSpec f16{"f16", "f16", "f16", false};
   KVQ_ASSIGN_OR_RETURN(KvTypePlan f16_plan,

@@ -34,7 +34,9 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
 // The default --schemes list.
 std::string DefaultStudySchemes();
 
-KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads);
+// calibration_path: the KVQuant calibration file (ignored by other schemes).
+KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads,
+                                  const std::string& calibration_path = "");
 
 struct RecallOptions {
   std::vector<int64_t> contexts;  // total tokens (prompt + answer room) per cell
@@ -95,6 +97,7 @@ struct EndToEndOptions {
   PerplexityOptions perplexity;  // context, batch, max_windows (paths are set per run)
   RecallOptions recall;
   std::string baseline_logits_path;  // scratch file for the f16 run's log-probs
+  std::string calibration_path;      // for schemes that need one (KVQuant)
   int threads = 1;
 };
 

@@ -140,6 +140,18 @@ StatusOr<size_t> ParseKvMemory(const std::string& text, size_t total_ram_bytes) 
   return static_cast<size_t>(bytes);
 }
 
+StatusOr<bool> NeedsCalibrationFile(const KvShape& shape, const KvCacheOptions& options) {
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
+                       ResolveKvLayerTypes(options, shape.num_layers));
+  for (const KvLayerTypes& types : layer_types) {
+    for (const std::string& name : {types.k_type, types.v_type}) {
+      KVQ_ASSIGN_OR_RETURN(auto codec, ParseKvCodec(name, shape.head_dim));
+      if (codec->NeedsCalibrationFile()) return true;
+    }
+  }
+  return false;
+}
+
 StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const KvShape& shape,
                                                const KvCacheOptions& options) {
   KVQ_ASSIGN_OR_RETURN(auto cache, PagedKvCache::Create(shape, options));

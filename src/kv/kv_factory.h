@@ -108,6 +108,10 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
 // point, "0.5" or "1.0". Errors name the accepted forms.
 StatusOr<size_t> ParseKvMemory(const std::string& text, size_t total_ram_bytes);
 
+// Whether any layer's K or V codec needs options.calibration_path (KVQuant's
+// nuq*), so a caller can make one first (kvq study does).
+StatusOr<bool> NeedsCalibrationFile(const KvShape& shape, const KvCacheOptions& options);
+
 // Paged cache over codecs (or an error naming the bad option).
 StatusOr<std::unique_ptr<KvCache>> MakeKvCache(const KvShape& shape, const KvCacheOptions& options);
 

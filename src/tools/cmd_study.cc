@@ -41,6 +41,9 @@ struct StudyFlags {
   std::string json = "study.json";
   std::string report;
   std::string dump;
+  std::string kv_calibration;
+  std::string calib_file;
+  int64_t calib_tokens = 0;  // 0 = the mode's default
 };
 
 int Fail(const std::string& message) {
@@ -162,6 +165,18 @@ void PrintTables(const nlohmann::json& s) {
                 Num(r["prob_kl"], "%.3e").c_str(), Num(r["output_rel_error"], "%.4f").c_str());
   }
   std::printf("\nEnd to end with real caches (KL and top-1 vs the f16 cache)\n");
+  if (s.contains("calibration") && s["calibration"].is_object()) {
+    const auto& c = s["calibration"];
+    if (c["source"] == "file") {
+      std::printf("KVQuant calibration: %s\n", c["path"].get<std::string>().c_str());
+    } else {
+      std::printf(
+          "KVQuant calibration: %s, %lld tokens (%lld windows of %lld), weights %s, %.1f s\n",
+          c["text"].get<std::string>().c_str(), (long long)c["tokens"], (long long)c["windows"],
+          (long long)c["context"], c["method"].get<std::string>().c_str(),
+          c["seconds"].get<double>());
+    }
+  }
   std::printf("%-14s %8s %10s %6s %20s %10s %10s %7s %8s\n", "scheme", "bits/val", "bytes/tok",
               "x f16", "PPL", "KL mean", "KL p99", "top-1", "recall");
   for (const auto& r : s["schemes"]) {
@@ -233,9 +248,22 @@ int RunStudyCommand(const StudyFlags& flags) {
   o.text_path = text_path;
   o.command = CommandLine();
   if (model_ctx > o.memory_contexts.back()) o.memory_contexts.push_back(model_ctx);
-  o.baseline_logits_path = (std::filesystem::temp_directory_path() /
-                            ("kvq-study-" + std::to_string(::getpid()) + "-f16.logprobs"))
-                               .string();
+  const std::filesystem::path scratch =
+      std::filesystem::temp_directory_path() / ("kvq-study-" + std::to_string(::getpid()));
+  o.baseline_logits_path = scratch.string() + "-f16.logprobs";
+  o.calibration_scratch_path = scratch.string() + "-kvquant.safetensors";
+  o.calibration_path = flags.kv_calibration;
+  o.calibration.tokens = flags.calib_tokens > 0 ? flags.calib_tokens : (flags.quick ? 1024 : 4096);
+  o.calibration.context = std::min<int64_t>(model_ctx, 512);
+  o.calibration_text_path =
+      flags.calib_file.empty() ? DefaultCalibrationTextPath(text_path) : flags.calib_file;
+  if (!o.calibration_text_path.empty() && o.calibration_path.empty()) {
+    std::ifstream calib(o.calibration_text_path, std::ios::binary);
+    if (!calib) return Fail(o.calibration_text_path + ": cannot open the calibration text");
+    std::stringstream calib_text;
+    calib_text << calib.rdbuf();
+    o.calibration_text = calib_text.str();
+  }
 
   Status fits = CheckFits(model_path, o.schemes, o.capture_tokens);
   if (!fits.ok()) return Fail(fits.message());
@@ -284,7 +312,9 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
       "vector, per-channel = groups of 32 tokens) at 2 and 4 bits, plus the write-up's literal\n"
       "2^(b+1)-level formula, scored by relative score error, attention KL, output error;\n"
       "(4) each --schemes entry as a real cache: perplexity (kvq perplexity convention), KL and\n"
-      "top-1 vs the f16 cache, passkey recall at several contexts and depths, bytes per token.\n"
+      "top-1 vs the f16 cache, passkey recall at several contexts and depths, bytes per token;\n"
+      "kvquant* schemes are calibrated first (kvq calibrate's q2 weights) unless "
+      "--kv-calibration.\n"
       "Scheme specs: TYPE (any --kv-cache-dtype), KTYPE/VTYPE (f16/int4), suffix +rot.\n"
       "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
       "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].");
@@ -325,6 +355,15 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--json", flags->json, "Write every number here (default study.json)");
   cmd->add_option("--report", flags->report, "Write the self-contained HTML report here");
   cmd->add_option("--dump", flags->dump, "Write the captured q/K/V as safetensors here");
+  cmd->add_option("--kv-calibration", flags->kv_calibration,
+                  "KVQuant calibration file (kvq calibrate) for the kvquant schemes (default: "
+                  "calibrate here, see --calib-file)");
+  cmd->add_option("--calib-file", flags->calib_file,
+                  "Text KVQuant calibrates on (default: .deps/corpus/valid.txt when -f is the "
+                  "default test split, else the study text after the perplexity windows)");
+  cmd->add_option("--calib-tokens", flags->calib_tokens,
+                  "KVQuant calibration tokens, in windows of 512 (default 4096; 1024 with --quick)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunStudyCommand(*flags); });
 }
 

@@ -185,8 +185,10 @@ TEST(StudySchemeSpecTest, ParsesTheThreeForms) {
   for (const char* bad : {"", "+rot", "a/b/c", "/int4", "int4/", "int4+rot+rot"}) {
     EXPECT_FALSE(ParseSchemeSpec(bad).ok()) << bad;
   }
-  const KvShape shape{2, 4, 2, 64};
-  EXPECT_TRUE(ParseSchemeList(DefaultStudySchemes(), shape).ok());
+  KvShape shape{2, 4, 2, 64};
+  shape.rope_inv_freq.assign(32, 1.0f);  // kvquant stores K before RoPE
+  auto defaults = ParseSchemeList(DefaultStudySchemes(), shape);
+  EXPECT_TRUE(defaults.ok()) << defaults.status().message();
   auto unknown = ParseSchemeList("f16,int3x", shape);
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("int3x"), std::string::npos);
@@ -275,6 +277,54 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
   EXPECT_TRUE(fs::exists(o.dump_path));
   EXPECT_FALSE(fs::exists(o.baseline_logits_path));  // scratch removed
   fs::remove(o.dump_path);
+}
+
+// A KVQuant scheme makes the study calibrate first, on the text after the
+// perplexity windows (held out from them), use that calibration for the
+// cache, record it, and remove its scratch file. Without a scratch path or a
+// file the study refuses rather than run an uncalibrated codec.
+TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
+  StudyOptions o;
+  o.context = 32;
+  o.chunks = 2;
+  o.capture_tokens = 32;
+  o.batch = 16;
+  o.schemes = *ParseSchemeList("kvquant4,int4", model_.transformer->kv_shape());
+  o.recall.contexts = {128};
+  o.recall.depths = {0.5};
+  o.recall.trials = 1;
+  o.baseline_logits_path = TempPath("kvq_base.logprobs");
+  o.calibration_scratch_path = TempPath("kvq_calib.safetensors");
+  o.calibration.context = 64;
+  o.calibration.tokens = 128;
+  o.memory_contexts = {64};
+  auto json = RunStudy(model_, Text(400), o);
+  ASSERT_TRUE(json.ok()) << json.status().message();
+  const nlohmann::json& c = (*json)["calibration"];
+  ASSERT_TRUE(c.is_object());
+  EXPECT_EQ(c["source"], "computed");
+  EXPECT_FALSE(c["overlaps_perplexity_windows"].get<bool>());
+  EXPECT_EQ(c["windows"], 2);  // 400 - 64 evaluated tokens hold 5 windows of 64; 128 asked
+  EXPECT_EQ(c["method"], "q2");
+  ASSERT_EQ((*json)["schemes"].size(), 3u);
+  const nlohmann::json& kvquant = (*json)["schemes"][1];
+  EXPECT_EQ(kvquant["name"], "kvquant4");
+  EXPECT_GT(kvquant["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(kvquant["bytes_per_token"].get<double>(),
+            (*json)["schemes"][0]["bytes_per_token"].get<double>());
+  EXPECT_FALSE(fs::exists(o.calibration_scratch_path));
+
+  // Schemes without calibration record none.
+  o.schemes = *ParseSchemeList("int4", model_.transformer->kv_shape());
+  auto plain = RunStudy(model_, Text(400), o);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_TRUE((*plain)["calibration"].is_null());
+
+  o.schemes = *ParseSchemeList("kvquant2", model_.transformer->kv_shape());
+  o.calibration_scratch_path.clear();
+  auto refused = RunStudy(model_, Text(400), o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("calibration"), std::string::npos);
 }
 
 TEST_F(StudyTest, RejectsShortTextAndOversizedContext) {

@@ -63,6 +63,10 @@ def get_args(argv=None):
     ap.add_argument("--eval-tokens", type=int, default=32768)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads-file", default="",
+                    help="file holding a thread count, re-read every step: lets a shared machine lend a core "
+                         "to other work mid-run (`echo 1 > FILE`) without losing the run; changes are logged. "
+                         "Results stay equal in distribution, not bit-exact, across changes")
     ap.add_argument("--init-from", default="",
                     help="HF model folder (e.g. an earlier export) whose weights start a NEW run; the "
                          "architecture flags must match it. Ignored when resuming from --out/ckpt.pt")
@@ -122,6 +126,17 @@ def make_optimizer(model, a):
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def apply_threads_file(path, log):
+    try:
+        with open(path) as f:
+            wanted = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return
+    if wanted > 0 and wanted != torch.get_num_threads():
+        log(f"threads {torch.get_num_threads()} -> {wanted} (from {path})")
+        torch.set_num_threads(wanted)
 
 
 def save_ckpt(path, model, opt, step, max_steps, a, cfg):
@@ -188,6 +203,8 @@ def main():
         max_steps = replay[step]
     model.train()
     while step < max_steps:
+        if a.threads_file:
+            apply_threads_file(a.threads_file, log)
         t0 = time.time()
         lr = lr_at(step, max_steps, a)
         for g in opt.param_groups:

@@ -38,6 +38,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   const int threads = static_cast<int>(state.range(1));
   const int64_t rotate_bytes = state.range(2) << 20;
   KvCacheOptions options;
+  options.block_tokens = state.range(3);
   options.k_type = options.v_type = codec;
   options.max_tokens = context;
   options.num_threads = threads;
@@ -108,9 +109,11 @@ void RegisterAll() {
        {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2", "gear2", "gear4"}) {
     const std::string name = std::string("DecodeAttention/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
-    b->ArgNames({"ctx", "threads", "rotate_mib"})->UseManualTime();
+    b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
     for (int threads : {1, 2}) {
-      for (int64_t context : {1024, 4096, 16384, 32768}) b->Args({context, threads, kRotateMiB});
+      for (int64_t context : {1024, 4096, 16384, 32768}) {
+        for (int64_t block : {16, 64, 256}) b->Args({context, threads, kRotateMiB, block});
+      }
     }
   }
   // GEAR encodes each 64-token tile with a power iteration and an outlier
@@ -120,7 +123,9 @@ void RegisterAll() {
   for (const char* codec : {"f16", "int4", "kivi2", "gear2", "gear4"}) {
     const std::string name = std::string("DecodeAttentionL3/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
-    b->ArgNames({"ctx", "threads", "rotate_mib"})->UseManualTime()->Args({4096, 1, 64});
+    b->ArgNames({"ctx", "threads", "rotate_mib", "block"})
+        ->UseManualTime()
+        ->Args({4096, 1, 64, 16});
   }
 }
 

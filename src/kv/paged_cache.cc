@@ -25,6 +25,12 @@ constexpr int64_t kTargetRows = 32;
 // Split-K only when every part still has this many tokens to read: below
 // that, merging partial results costs more than the parallelism gains.
 constexpr int64_t kMinTokensPerSplit = 256;
+// Tokens per softmax step. The codecs score one block at a time (a block's
+// tile is what they read), but the online softmax runs over chunks of whole
+// blocks: its per-row max and sum reductions and the rescaling of the
+// accumulator cost as much for one 16-token block as for 256 tokens, and at
+// 16 tokens they cost about as much as the scores themselves.
+constexpr int64_t kChunkTokens = 256;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -435,6 +441,8 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
   }
   const int64_t num_tasks = base_tasks * splits;
   const int64_t max_rows = tile_queries * group;
+  const int64_t chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);
+  const int64_t chunk = chunk_blocks * bt;  // tokens per softmax step
   // Split-K partial results, merged below: running max, sum and unnormalized
   // accumulator per task and row.
   std::vector<float> part_max, part_sum, part_acc;  // [tasks, max_rows], same, [.., dim]
@@ -447,9 +455,9 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
 
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> q_rows(static_cast<size_t>(max_rows * dim));  // [rows, dim]
-    std::vector<float> probs(static_cast<size_t>(max_rows * bt));    // [rows, bt]
-    std::vector<float> acc(static_cast<size_t>(max_rows * dim));     // [rows, dim]
+    std::vector<float> q_rows(static_cast<size_t>(max_rows * dim));   // [rows, dim]
+    std::vector<float> probs(static_cast<size_t>(max_rows * chunk));  // [rows, chunk]
+    std::vector<float> acc(static_cast<size_t>(max_rows * dim));      // [rows, dim]
     std::vector<float> row_max(static_cast<size_t>(max_rows));
     std::vector<float> row_sum(static_cast<size_t>(max_rows));
     std::vector<float> scratch(static_cast<size_t>(ScratchFloats(max_rows)));
@@ -473,23 +481,31 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
       std::fill_n(row_max.begin(), rows, kNegInf);
       std::fill_n(row_sum.begin(), rows, 0.0f);
       std::fill_n(acc.begin(), rows * dim, 0.0f);
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t t0 = b * bt, count = std::min(bt, visible_end - t0);
-        BlockScores(s, layer, g, t0, count, q_rows.data(), rows, scale, probs.data(), bt,
-                    scratch.data());
-        const bool masked = t0 + count > first_visible;
+      for (int64_t c0 = b0; c0 < b1; c0 += chunk_blocks) {
+        const int64_t c1 = std::min(b1, c0 + chunk_blocks);
+        const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
+        for (int64_t b = c0; b < c1; ++b) {
+          const int64_t t0 = b * bt;
+          if (b + 1 < b1) PrefetchBlock(s, layer, g, b + 1);
+          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows.data(), rows, scale,
+                      &probs[t0 - t_begin], chunk, scratch.data());
+        }
+        const bool masked = t_begin + count > first_visible;
         for (int64_t r = 0; r < rows; ++r) {
-          float* p = &probs[r * bt];
+          float* p = &probs[r * chunk];
           int64_t valid = count;
           if (masked) {
-            valid = std::clamp<int64_t>(first_visible + r / group - t0, 0, count);
+            valid = std::clamp<int64_t>(first_visible + r / group - t_begin, 0, count);
             std::fill(p + valid, p + count, 0.0f);
             if (valid == 0) continue;
           }
           OnlineSoftmaxStep(p, valid, &row_max[r], &row_sum[r], &acc[r * dim], dim);
         }
-        BlockAccumulateV(s, layer, g, t0, count, probs.data(), rows, bt, acc.data(),
-                         scratch.data());
+        for (int64_t b = c0; b < c1; ++b) {
+          const int64_t t0 = b * bt;
+          BlockAccumulateV(s, layer, g, t0, std::min(bt, visible_end - t0), &probs[t0 - t_begin],
+                           rows, chunk, acc.data(), scratch.data());
+        }
       }
       if (splits == 1) {
         for (int64_t r = 0; r < rows; ++r) {
@@ -532,6 +548,20 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
       for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
     }
   }
+}
+
+// A block holds every layer, so one (layer, head)'s rows are a few KiB runs
+// far apart; the hardware prefetchers stop at each run's end and decode
+// attention then waits on DRAM latency at every block. Requesting the next
+// block's tiles while this one is computed hides it.
+void PagedKvCache::PrefetchBlock(const Sequence& s, int64_t layer, int64_t head, int64_t b) const {
+  const uint8_t* block = allocator_->BlockData(s.blocks[static_cast<size_t>(b)]);
+  const uint8_t* k = block + layout_.KTileOffset(layer, head);
+  const uint8_t* v = block + layout_.VTileOffset(layer, head);
+  const size_t k_bytes = layout_.layers[static_cast<size_t>(layer)].k_tile_bytes;
+  const size_t v_bytes = layout_.layers[static_cast<size_t>(layer)].v_tile_bytes;
+  for (size_t i = 0; i < k_bytes; i += 64) __builtin_prefetch(k + i);
+  for (size_t i = 0; i < v_bytes; i += 64) __builtin_prefetch(v + i);
 }
 
 int64_t PagedKvCache::ScratchFloats(int64_t rows) const {

@@ -98,6 +98,8 @@ class PagedKvCache final : public KvCache {
   void BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0, int64_t count,
                         const float* p, int64_t rows, int64_t stride, float* acc,
                         float* scratch) const;
+  // Asks the CPU to start loading block b's K and V tiles of (layer, head).
+  void PrefetchBlock(const Sequence& s, int64_t layer, int64_t head, int64_t b) const;
   // Floats of per-task scratch BlockScores / BlockAccumulateV need.
   int64_t ScratchFloats(int64_t rows) const;
   // Decodes tokens [t0, t0 + count) of one (layer, K/V, head) into x [count,

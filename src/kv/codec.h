@@ -153,6 +153,19 @@ class KvCodec {
   // x| of the f32-q value (kv/codec_int_scores.h states the rule and bound).
   virtual void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
                       float* scores, int64_t stride) const = 0;
+  // The same scores with the query's per-call preparation hoisted out: a
+  // cache calls PrepareQuery once per attention call (prepared: an opaque
+  // buffer of PreparedQueryBytes(group) bytes) and ScoresPrepared for every
+  // block, which equals Scores(rows, n, q, ...) bit for bit. Integer codecs
+  // quantize q there (per block it costs as much as 16 rows of dots);
+  // others prepare nothing and ScoresPrepared is Scores.
+  virtual size_t PreparedQueryBytes(int64_t /*group*/) const { return 0; }
+  virtual void PrepareQuery(const float* /*q*/, int64_t /*group*/, uint8_t* /*prepared*/) const {}
+  virtual void ScoresPrepared(const uint8_t* rows, int64_t n, const float* q,
+                              const uint8_t* /*prepared*/, int64_t group, float scale,
+                              float* scores, int64_t stride) const {
+    Scores(rows, n, q, group, scale, scores, stride);
+  }
   // Fused V side. acc: [group, head_dim];
   // acc[h] += sum over t < n of p[h * stride + t] * row t.
   virtual void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group,

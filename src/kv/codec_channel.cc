@@ -9,6 +9,22 @@
 // them (codec.h), so the same unpacking applies. RowBytes() is the tile's
 // bytes / G (ParseKvCodec checks it is whole). Scales, mins and the mapping
 // x^ = u * s + offset are IntGroupParams' over the G values of one channel.
+//
+// Scores use integer dot products like the per-token int codecs
+// (codec_int_scores.h). Within a tile x^[t][c] = u[t][c] s[c] + o[c], so
+//   q . x^[t] = sum_c (q[c] s[c]) u[t][c] + sum_c q[c] o[c]:
+// the channel-scaled query q' = f32(q * s) is quantized per 32 channels as
+// the int codecs quantize q (q8, qscale: QuantizeQueryRef), the dots I_g of
+// q8 with the codes are exact integers, and the constant b = sum_c q[c] o[c]
+// is an f32 dot, so
+//   score = scale * (b + sum_g qscale_g * I_g).
+// Its distance from the f32-query dot is at most
+//   |scale| sum_c (qscale_g / 2 + 4 eps |q[c] s[c]|) u[t][c] plus the
+// epilogue's f32 rounding (derived in tests/kv/codec_test.cc).
+// AVX3_DL (vpdpbusd) as in codec_int.cc, before any Highway include.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,12 +32,14 @@
 
 #include "base/fp16.h"
 #include "kv/codec_formats.h"
+#include "kv/codec_int_scores.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/codec_channel.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // After highway.h (per-target code).
+#include "kv/codec_int_scores-inl.h"
 #include "kv/codec_kernels-inl.h"
 
 namespace kvq::codec {
@@ -37,17 +55,61 @@ inline size_t ChannelParamBytes(const IntFormat& f, int64_t dim) {
   return static_cast<size_t>(dim) * (f.symmetric ? 2 : 4);
 }
 
-inline void ReadChannelParams(const IntFormat& f, int64_t dim, const uint8_t* tile,
-                              ChannelParams* p) {
-  p->scale.resize(static_cast<size_t>(dim));
-  p->offset.resize(static_cast<size_t>(dim));
+inline void ReadChannelParams(const IntFormat& f, int64_t dim, const uint8_t* tile, float* scale,
+                              float* offset) {
   for (int64_t c = 0; c < dim; ++c) {
     uint16_t scale_bits, min_bits = 0;
     std::memcpy(&scale_bits, tile + 2 * c, 2);
     if (!f.symmetric) std::memcpy(&min_bits, tile + 2 * (dim + c), 2);
-    const float scale = F16ToF32(scale_bits);
-    p->scale[c] = scale;
-    p->offset[c] = f.symmetric ? -static_cast<float>(f.Levels() / 2) * scale : F16ToF32(min_bits);
+    scale[c] = F16ToF32(scale_bits);
+    offset[c] = f.symmetric ? -static_cast<float>(f.Levels() / 2) * scale[c] : F16ToF32(min_bits);
+  }
+}
+
+inline void ReadChannelParams(const IntFormat& f, int64_t dim, const uint8_t* tile,
+                              ChannelParams* p) {
+  p->scale.resize(static_cast<size_t>(dim));
+  p->offset.resize(static_cast<size_t>(dim));
+  ReadChannelParams(f, dim, tile, p->scale.data(), p->offset.data());
+}
+
+// Channels per q quantization group of the integer Scores.
+inline constexpr int64_t kChannelQueryGroup = 32;
+
+// The scalar twin of the integer Scores above (in double after the exact
+// integer dots and the f32 q' and q8).
+inline void ChannelIntScoresRef(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                                const float* q, int64_t heads, float scale, float* scores,
+                                int64_t stride) {
+  const IntFormat dots{f.bits, kChannelQueryGroup, f.symmetric};  // groups of channels
+  const int64_t tile_tokens = f.group, groups = dim / kChannelQueryGroup;
+  const size_t param_bytes = ChannelParamBytes(f, dim);
+  const size_t code_bytes = f.CodeBytes(dim);
+  std::vector<float> s(static_cast<size_t>(dim)), o(s.size()), q_scaled(s.size());  // [dim]
+  std::vector<int8_t> q8(s.size());                                                 // [dim]
+  std::vector<float> qscale(static_cast<size_t>(groups));                           // [groups]
+  std::vector<int32_t> qsum(qscale.size());                                         // [groups]
+  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
+    const uint8_t* tile = rows + static_cast<size_t>(t0) * f.RowBytes(dim);
+    ReadChannelParams(f, dim, tile, s.data(), o.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * dim;
+      double bias = 0.0;
+      for (int64_t c = 0; c < dim; ++c) {
+        q_scaled[c] = qh[c] * s[c];
+        bias += static_cast<double>(qh[c]) * o[c];
+      }
+      QuantizeQueryRef(q_scaled.data(), dim, kChannelQueryGroup, q8.data(), qscale.data(),
+                       qsum.data());
+      for (int64_t t = t0; t < std::min(n, t0 + tile_tokens); ++t) {
+        const uint8_t* codes = tile + param_bytes + static_cast<size_t>(t - t0) * code_bytes;
+        double score = bias;
+        for (int64_t g = 0; g < groups; ++g) {
+          score += static_cast<double>(qscale[g]) * IntGroupDotRef(dots, codes, q8.data(), g);
+        }
+        scores[h * stride + t] = static_cast<float>(scale * score);
+      }
+    }
   }
 }
 #endif  // KVQ_CODEC_CHANNEL_ONCE
@@ -116,13 +178,55 @@ void ChannelDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int
   });
 }
 
+// The integer Scores (file comment): per tile and pass of <= 8 heads, fold
+// the channel scales into q, quantize, and run the int codecs' dot pass over
+// the tile's bare code rows.
+template <int kBits>
+void ChannelIntScores(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                      const float* q, int64_t heads, float scale, float* scores, int64_t stride) {
+  const int64_t tile_tokens = f.group;
+  const size_t param_bytes = ChannelParamBytes(f, dim);
+  const int64_t code_bytes = static_cast<int64_t>(f.CodeBytes(dim));
+  const IntRowLayout layout{dim, code_bytes, code_bytes, kChannelQueryGroup,
+                            dim / kChannelQueryGroup};
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  alignas(64) float s[kMaxCodecHeadDim], o[kMaxCodecHeadDim];
+  alignas(64) float q_scaled[kMaxHeadsPerPass * kMaxCodecHeadDim];  // [heads, dim]
+  float bias[kMaxHeadsPerPass];
+  QuantizedPass pass;
+  for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
+    const uint8_t* tile = rows + static_cast<size_t>(t0) * f.RowBytes(dim);
+    const int64_t count = std::min(tile_tokens, n - t0);
+    ReadChannelParams(f, dim, tile, s, o);
+    for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
+      const int64_t pass_heads = std::min(kMaxHeadsPerPass, heads - h0);
+      for (int64_t h = 0; h < pass_heads; ++h) {
+        const float* qh = q + (h0 + h) * dim;
+        auto vbias = hn::Zero(df);
+        for (int64_t c = 0; c < dim; c += lanes) {
+          const auto vq = hn::LoadU(df, qh + c);
+          hn::Store(hn::Mul(vq, hn::Load(df, s + c)), df, q_scaled + h * dim + c);
+          vbias = hn::MulAdd(vq, hn::Load(df, o + c), vbias);
+        }
+        bias[h] = hn::GetLane(hn::SumOfLanes(df, vbias));
+      }
+      QuantizeQueryHeads(q_scaled, pass_heads, dim, kChannelQueryGroup, pass.q8, pass.qscale,
+                         pass.qsum);
+      if constexpr (!kByteDot) BuildQueryWords<kBits>(pass.q8, pass_heads, dim, pass.words);
+      WithHeadCount(pass_heads, [&](auto k) {
+        IntDotPass<decltype(k)::value, kBits, false, false, false>(
+            layout, tile + param_bytes, count, pass.q8, pass.words, pass.qscale, pass.qsum, scale,
+            scores + h0 * stride + t0, stride, nullptr, bias);
+      });
+    }
+  }
+}
+
 void ChannelScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
                        const float* q, int64_t group, float scale, float* scores, int64_t stride) {
   WithBits(f.bits, [&](auto bits) {
-    ForEachTile<decltype(bits)::value>(
-        f, dim, rows, n, [&](const auto& fmt, const uint8_t* codes, int64_t count, int64_t t0) {
-          Scores(fmt, codes, count, q, group, scale, scores + t0, stride);
-        });
+    ChannelIntScores<decltype(bits)::value>(f, dim, rows, n, q, group, scale, scores, stride);
   });
 }
 
@@ -215,11 +319,7 @@ class ChannelCodec final : public KvCodec {
       return HWY_DYNAMIC_DISPATCH(ChannelScoresImpl)(format_, head_dim_, rows, n, q, group, scale,
                                                      scores, stride);
     }
-    std::vector<float> x(static_cast<size_t>(n * head_dim_));  // [n, head_dim]
-    Decode(rows, n, x.data());
-    auto f32 = MakeFloatCodec(FloatKind::kF32, head_dim_, CodecPath::kReference);
-    ScoresByDecoding(*f32, reinterpret_cast<const uint8_t*>(x.data()), n, q, group, scale, scores,
-                     stride);
+    ChannelIntScoresRef(format_, head_dim_, rows, n, q, group, scale, scores, stride);
   }
 
   void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,

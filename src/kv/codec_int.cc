@@ -223,6 +223,26 @@ void IntScoresImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t
   });
 }
 
+size_t IntPreparedBytesImpl(const IntFormat& f, int64_t dim, int64_t heads) {
+  return PreparedQueryLayout(heads, dim, f.Groups(dim)).bytes;
+}
+
+void IntPrepareQueryImpl(const IntFormat& f, int64_t dim, const float* q, int64_t heads,
+                         uint8_t* prepared) {
+  WithBitsAndSymmetry(f, [&](auto bits, auto) {
+    PrepareQueryHeads<decltype(bits)::value>(RowLayout(f, dim), q, heads, prepared);
+  });
+}
+
+void IntScoresPreparedImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
+                           const uint8_t* prepared, int64_t heads, float scale, float* scores,
+                           int64_t stride) {
+  WithBitsAndSymmetry(f, [&](auto bits, auto symmetric) {
+    IntDotScoresPrepared<decltype(bits)::value, decltype(symmetric)::value>(
+        RowLayout(f, dim), rows, n, prepared, heads, scale, scores, stride);
+  });
+}
+
 void QuantizeQueryImpl(const float* q, int64_t dim, int64_t group, int8_t* q8, float* qscale,
                        int32_t* qsum) {
   QuantizeQueryHeads(q, 1, dim, group, q8, qscale, qsum);
@@ -361,6 +381,9 @@ HWY_EXPORT(IntDecodeImpl);
 HWY_EXPORT(IntScoresImpl);
 HWY_EXPORT(IntGroupDotsImpl);
 HWY_EXPORT(QuantizeQueryImpl);
+HWY_EXPORT(IntPreparedBytesImpl);
+HWY_EXPORT(IntPrepareQueryImpl);
+HWY_EXPORT(IntScoresPreparedImpl);
 HWY_EXPORT(IntAccumulateImpl);
 
 std::string IntFormat::Name() const {
@@ -565,6 +588,23 @@ class IntCodec final : public KvCodec {
                                                  scores, stride);
     }
     IntScoresRef(format_, head_dim_, rows, n, q, group, scale, scores, stride);
+  }
+
+  // The SIMD path's layout is the target's (the pair path also stores
+  // words), so the size comes from the same dispatch as the kernels.
+  size_t PreparedQueryBytes(int64_t group) const override {
+    if (path_ != CodecPath::kSimd) return 0;
+    return HWY_DYNAMIC_DISPATCH(IntPreparedBytesImpl)(format_, head_dim_, group);
+  }
+  void PrepareQuery(const float* q, int64_t group, uint8_t* prepared) const override {
+    if (path_ != CodecPath::kSimd) return;
+    HWY_DYNAMIC_DISPATCH(IntPrepareQueryImpl)(format_, head_dim_, q, group, prepared);
+  }
+  void ScoresPrepared(const uint8_t* rows, int64_t n, const float* q, const uint8_t* prepared,
+                      int64_t group, float scale, float* scores, int64_t stride) const override {
+    if (path_ != CodecPath::kSimd) return Scores(rows, n, q, group, scale, scores, stride);
+    HWY_DYNAMIC_DISPATCH(IntScoresPreparedImpl)
+    (format_, head_dim_, rows, n, prepared, group, scale, scores, stride);
   }
 
   void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,

@@ -197,12 +197,15 @@ struct IntRowLayout {
 // quantized heads. q8: [kHeads, dim] (byte dot) or words: [kHeads,
 // QueryWordsPerHead] (pair path); qscale, qsum:
 // [kHeads, groups]. Scores: scores[h * stride + t]; dots: [kHeads, n, groups].
-template <int64_t kHeads, int kBits, bool kSymmetric, bool kDotsOnly>
+// Without kRowParams the rows are bare codes (per-channel tiles, whose scales
+// are folded into q by the caller): score = scale * (bias[h] + sum_g qscale *
+// I_g).
+template <int64_t kHeads, int kBits, bool kSymmetric, bool kDotsOnly, bool kRowParams = true>
 HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT rows, int64_t n,
                              const int8_t* HWY_RESTRICT q8, const int32_t* HWY_RESTRICT words,
                              const float* HWY_RESTRICT qscale, const int32_t* HWY_RESTRICT qsum,
                              float scale, float* HWY_RESTRICT scores, int64_t stride,
-                             int32_t* HWY_RESTRICT dots) {
+                             int32_t* HWY_RESTRICT dots, const float* HWY_RESTRICT bias = nullptr) {
   using VI = hn::Vec<RowTagI>;
   using VF = hn::Vec<RowTagF>;
   const RowTagI di;
@@ -222,7 +225,9 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
         hn::Mul(hn::Min(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(count - 1))),
                 hn::Set(di, static_cast<int32_t>(L.row_bytes)));
     VF score[kHeads];
-    for (int64_t h = 0; h < kHeads; ++h) score[h] = hn::Zero(df);
+    for (int64_t h = 0; h < kHeads; ++h) {
+      score[h] = kRowParams ? hn::Zero(df) : hn::Set(df, bias[h]);
+    }
     for (int64_t g = 0; g < L.groups; ++g) {
       VI acc[kHeads], acc1[kHeads];
       for (int64_t h = 0; h < kHeads; ++h) acc[h] = acc1[h] = hn::Zero(di);
@@ -257,6 +262,13 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
           alignas(64) int32_t lane_dots[16];
           hn::Store(acc[h], di, lane_dots);
           for (int64_t r = 0; r < count; ++r) dots[(h * n + t0 + r) * L.groups + g] = lane_dots[r];
+        }
+        continue;
+      }
+      if constexpr (!kRowParams) {
+        for (int64_t h = 0; h < kHeads; ++h) {
+          score[h] = hn::MulAdd(hn::ConvertTo(df, acc[h]), hn::Set(df, qscale[h * L.groups + g]),
+                                score[h]);
         }
         continue;
       }
@@ -322,6 +334,63 @@ void IntDotScores(const IntRowLayout& L, const uint8_t* rows, int64_t n, const f
           L, rows, n, q8, pass.words, pass.qscale, pass.qsum, scale,
           kDotsOnly ? nullptr : scores + h0 * stride, stride,
           kDotsOnly ? dots + h0 * n * L.groups : nullptr);
+    });
+  }
+}
+
+// A query prepared once per attention call (KvCodec::PrepareQuery): every
+// head's q8, pair-path words, qscale and qsum, laid out as QuantizedPass per
+// head but for all heads. Offsets are 64-byte aligned inside the buffer.
+struct PreparedLayout {
+  size_t q8, words, qscale, qsum, bytes;
+};
+inline PreparedLayout PreparedQueryLayout(int64_t heads, int64_t dim, int64_t groups) {
+  auto up = [](size_t x) { return (x + 63) / 64 * 64; };
+  PreparedLayout p;
+  p.q8 = 0;
+  p.words = up(static_cast<size_t>(heads * dim));
+  p.qscale = p.words + up(static_cast<size_t>(heads * QueryWordsPerHead(dim)) * 4);
+  p.qsum = p.qscale + up(static_cast<size_t>(heads * groups) * 4);
+  p.bytes = p.qsum + up(static_cast<size_t>(heads * groups) * 4);
+  return p;
+}
+
+// The quantization IntDotScores does per call, for all heads at once.
+template <int kBits>
+void PrepareQueryHeads(const IntRowLayout& L, const float* q, int64_t heads, uint8_t* prepared) {
+  const PreparedLayout P = PreparedQueryLayout(heads, L.dim, L.groups);
+  auto* q8 = reinterpret_cast<int8_t*>(prepared + P.q8);
+  auto* words = reinterpret_cast<int32_t*>(prepared + P.words);
+  auto* qscale = reinterpret_cast<float*>(prepared + P.qscale);
+  auto* qsum = reinterpret_cast<int32_t*>(prepared + P.qsum);
+  for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
+    const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
+    QuantizeQueryHeads(q + h0 * L.dim, count, L.dim, L.group, q8 + h0 * L.dim,
+                       qscale + h0 * L.groups, qsum + h0 * L.groups);
+    if constexpr (!kByteDot) {
+      BuildQueryWords<kBits>(q8 + h0 * L.dim, count, L.dim, words + h0 * QueryWordsPerHead(L.dim));
+    }
+  }
+}
+
+// IntDotScores over a prepared query: the same passes on the same numbers.
+template <int kBits, bool kSymmetric>
+void IntDotScoresPrepared(const IntRowLayout& L, const uint8_t* rows, int64_t n,
+                          const uint8_t* prepared, int64_t heads, float scale, float* scores,
+                          int64_t stride) {
+  if (n <= 0) return;
+  const PreparedLayout P = PreparedQueryLayout(heads, L.dim, L.groups);
+  const auto* q8 = reinterpret_cast<const int8_t*>(prepared + P.q8);
+  const auto* words = reinterpret_cast<const int32_t*>(prepared + P.words);
+  const auto* qscale = reinterpret_cast<const float*>(prepared + P.qscale);
+  const auto* qsum = reinterpret_cast<const int32_t*>(prepared + P.qsum);
+  for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
+    const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
+    WithHeadCount(count, [&](auto k) {
+      IntDotPass<decltype(k)::value, kBits, kSymmetric, false>(
+          L, rows, n, q8 + h0 * L.dim, words + h0 * QueryWordsPerHead(L.dim),
+          qscale + h0 * L.groups, qsum + h0 * L.groups, scale, scores + h0 * stride, stride,
+          nullptr);
     });
   }
 }

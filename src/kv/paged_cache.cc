@@ -452,6 +452,12 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
     part_acc.resize(static_cast<size_t>(num_tasks * max_rows * dim));
   }
   const int threads = static_cast<int>(std::min<int64_t>(num_threads_, num_tasks));
+  size_t prepared_bytes = 0;
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    prepared_bytes = std::max(
+        prepared_bytes,
+        k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PreparedQueryBytes(max_rows));
+  }
 
 #pragma omp parallel num_threads(threads)
   {
@@ -461,6 +467,7 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
     std::vector<float> row_max(static_cast<size_t>(max_rows));
     std::vector<float> row_sum(static_cast<size_t>(max_rows));
     std::vector<float> scratch(static_cast<size_t>(ScratchFloats(max_rows)));
+    std::vector<uint8_t> prepared(prepared_bytes);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < num_tasks; ++task) {
       const int64_t split = task % splits;
@@ -473,6 +480,8 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
         std::memcpy(&q_rows[(i - i0) * group * dim], q + (i * heads + g * group) * dim,
                     group * dim * sizeof(float));
       }
+      k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PrepareQuery(q_rows.data(), rows,
+                                                                         prepared.data());
       // Query i sees tokens [0, total - n + i]; the tile's last query sees most.
       const int64_t first_visible = total - n + i0 + 1;
       const int64_t visible_end = total - n + i1;
@@ -487,8 +496,8 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
         for (int64_t b = c0; b < c1; ++b) {
           const int64_t t0 = b * bt;
           if (b + 1 < b1) PrefetchBlock(s, layer, g, b + 1);
-          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows.data(), rows, scale,
-                      &probs[t0 - t_begin], chunk, scratch.data());
+          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows.data(),
+                      prepared.data(), rows, scale, &probs[t0 - t_begin], chunk, scratch.data());
         }
         const bool masked = t_begin + count > first_visible;
         for (int64_t r = 0; r < rows; ++r) {
@@ -571,19 +580,26 @@ int64_t PagedKvCache::ScratchFloats(int64_t rows) const {
 }
 
 void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
-                               int64_t count, const float* q, int64_t rows, float scale,
-                               float* scores, int64_t stride, float* scratch) const {
+                               int64_t count, const float* q, const uint8_t* prepared, int64_t rows,
+                               float scale, float* scores, int64_t stride, float* scratch) const {
   const KvCodec& codec = *k_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
   const KvStreaming& st = codec.streaming();
   const uint8_t* tile =
       allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
       layout_.KTileOffset(layer, head);
-  if (st.Plain()) return codec.Scores(tile, count, q, rows, scale, scores, stride);
+  if (st.Plain()) {
+    return codec.ScoresPrepared(tile, count, q, prepared, rows, scale, scores, stride);
+  }
   const int64_t dim = shape_.head_dim;
   // Tokens [first, first + n) stored as n rows of `rows_codec` at `data`.
   auto score = [&](const KvCodec& rows_codec, const uint8_t* data, int64_t first, int64_t n) {
     float* out = scores + (first - t0);
-    if (!st.pre_rope) return rows_codec.Scores(data, n, q, rows, scale, out, stride);
+    if (!st.pre_rope) {
+      if (&rows_codec == &codec) {
+        return codec.ScoresPrepared(data, n, q, prepared, rows, scale, out, stride);
+      }
+      return rows_codec.Scores(data, n, q, rows, scale, out, stride);
+    }
     // K was stored before RoPE: rotate the decoded rows to their positions.
     rows_codec.Decode(data, n, scratch);  // [n, dim]
     std::vector<int32_t> positions(static_cast<size_t>(n));

@@ -92,9 +92,10 @@ class PagedKvCache final : public KvCache {
                    float* out) const;
   // scores[r * stride + t - t0] for tokens [t0, t0 + count) of one block and
   // KV head, from wherever each token lives (block, sinks, ring).
+  // prepared: q after the K codec's PrepareQuery (KvCodec::ScoresPrepared).
   void BlockScores(const Sequence& s, int64_t layer, int64_t head, int64_t t0, int64_t count,
-                   const float* q, int64_t rows, float scale, float* scores, int64_t stride,
-                   float* scratch) const;
+                   const float* q, const uint8_t* prepared, int64_t rows, float scale,
+                   float* scores, int64_t stride, float* scratch) const;
   void BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0, int64_t count,
                         const float* p, int64_t rows, int64_t stride, float* acc,
                         float* scratch) const;

@@ -278,6 +278,10 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
     int_format = codec::IntFormat{name[3] - '0', std::stoll(name.substr(name.find("-g") + 2)),
                                   name.find("-sym") != std::string::npos};
   }
+  // Per-channel int tiles (int2-c32-asym...): integer Scores too, bound from
+  // the tile's channel scales.
+  const bool per_channel_int = name.rfind("int", 0) == 0 && name.find("-c") != std::string::npos;
+  const int64_t tile_tokens = codec.streaming().tile_tokens;
   const std::vector<float> q = Normal(static_cast<size_t>(group * dim), rng);  // [group, dim]
   const int64_t stride = n + 3;  // not n: the kernels must honour it
   const float scale = 0.125f;
@@ -301,6 +305,11 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
         bound = int_scores_bounds::QuantizationBound(*int_format, dim, xt, qh, scale) +
                 int_scores_bounds::EpilogueBound(*int_format, dim,
                                                  rows.data() + t * codec.RowBytes(), qh, scale);
+      }
+      if (per_channel_int) {
+        const uint8_t* tile = rows.data() + t / tile_tokens * tile_tokens * codec.RowBytes();
+        bound = int_scores_bounds::ChannelScoreBound(
+            name[3] - '0', name.find("-sym") != std::string::npos, dim, tile, xt, qh, scale);
       }
       ASSERT_NEAR(got, exact, bound) << what << " Scores h " << h << " t " << t;
     }
@@ -456,6 +465,76 @@ TEST_P(CodecSimdTest, EveryGqaGroupSizeIncludingWideOnes) {
       std::vector<uint8_t> rows(17 * pair.fast->RowBytes());
       pair.fast->Encode(x.data(), 17, rows.data());
       ExpectFusedMatchDecode(*pair.fast, rows, 17, group, rng, name);
+    }
+  }
+}
+
+// Per-channel integer Scores: the SIMD kernel equals its scalar twin up to
+// the epilogue's f32 rounding (the integer dots are exact on both), over
+// whole and partial tiles, every GQA group size up to two passes.
+TEST_P(CodecSimdTest, PerChannelIntegerScoresMatchTheScalarTwin) {
+  std::mt19937 rng(91);
+  for (int64_t dim : {32, 64, 128}) {
+    for (const char* name : {"int2-c32-asym", "int4-c64-asym", "int8-c32-sym", "int2-c128-sym"}) {
+      if (!ParseKvCodec(name, dim).ok()) continue;  // e.g. a tile whose rows are not whole words
+      const CodecPair pair = MakePair(name, dim, {}, 0);
+      const int64_t tile = pair.fast->streaming().tile_tokens, n = 3 * tile;
+      const std::vector<float> x = MakeRows(RowKind::kNormal, n, dim, rng);
+      std::vector<uint8_t> rows(static_cast<size_t>(n) * pair.fast->RowBytes());
+      pair.fast->Encode(x.data(), n, rows.data());
+      const bool symmetric = std::string(name).find("-sym") != std::string::npos;
+      for (int64_t group : {1, 3, 7, 8, 9, 16}) {
+        const std::vector<float> q = Normal(static_cast<size_t>(group * dim), rng);
+        for (int64_t count : {n, n - 1, tile + 1, int64_t{1}}) {
+          std::vector<float> fast(static_cast<size_t>(group * n)), ref(fast.size());
+          pair.fast->Scores(rows.data(), count, q.data(), group, 0.125f, fast.data(), n);
+          pair.ref->Scores(rows.data(), count, q.data(), group, 0.125f, ref.data(), n);
+          for (int64_t h = 0; h < group; ++h) {
+            for (int64_t t = 0; t < count; ++t) {
+              const uint8_t* tile_bytes = rows.data() + t / tile * tile * pair.fast->RowBytes();
+              const double bound = int_scores_bounds::ChannelEpilogueBound(
+                  name[3] - '0', symmetric, dim, tile_bytes, &q[h * dim], 0.125f);
+              ASSERT_NEAR(fast[h * n + t], ref[h * n + t], bound)
+                  << name << " dim " << dim << " group " << group << " h " << h << " t " << t;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A query prepared once (PrepareQuery) gives exactly the scores Scores gives
+// (codec.h): the same quantization, hoisted. Every codec, GQA groups past one
+// 8-head pass, row counts around the vector width, on both paths.
+TEST_P(CodecSimdTest, PreparedQueryScoresEqualScoresBitForBit) {
+  std::mt19937 rng(31);
+  for (int64_t dim : {64, 128}) {
+    for (const std::string& name : AllKvCodecNames(dim)) {
+      for (CodecPath path : {CodecPath::kSimd, CodecPath::kReference}) {
+        const std::unique_ptr<KvCodec> codec = MustParse(name, dim, path);
+        const int64_t n = 33;
+        const std::vector<float> x = MakeRows(RowKind::kNormal, n, dim, rng);
+        codec->Calibrate(x.data(), n);
+        std::vector<uint8_t> rows(static_cast<size_t>(n) * codec->RowBytes());
+        codec->Encode(x.data(), n, rows.data());
+        for (int64_t group : {1, 7, 9}) {
+          const std::vector<float> q = Normal(static_cast<size_t>(group * dim), rng);
+          std::vector<uint8_t> prepared(codec->PreparedQueryBytes(group));
+          codec->PrepareQuery(q.data(), group, prepared.data());
+          for (int64_t count : {1, 15, 16, 17, 33}) {
+            std::vector<float> direct(static_cast<size_t>(group * n), -1.0f), hoisted = direct;
+            codec->Scores(rows.data(), count, q.data(), group, 0.125f, direct.data(), n);
+            codec->ScoresPrepared(rows.data(), count, q.data(), prepared.data(), group, 0.125f,
+                                  hoisted.data(), n);
+            for (size_t i = 0; i < direct.size(); ++i) {
+              ASSERT_TRUE(SameBits(direct[i], hoisted[i]))
+                  << name << " dim " << dim << " group " << group << " count " << count << " at "
+                  << i << ": " << direct[i] << " vs " << hoisted[i];
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -275,8 +275,8 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
   const float scale = 0.125f;
   std::vector<float> scores(static_cast<size_t>(group * stride), -7.0f);
   codec.Scores(rows.data(), n, q.data(), group, scale, scores.data(), stride);
-  // A per-token base scores through the integer codec, which quantizes q to
-  // int8 per group first (codec_int_scores.h): add that term's bound.
+  // The base scores through an integer path, which quantizes q to int8 per
+  // group first (codec_int_scores.h, codec_channel.cc): add that term's bound.
   auto format = codec::ParseGearFormat(codec.Name(), codec.Name());
   ASSERT_TRUE(format.ok());
   const bool int_query = !format->per_channel;
@@ -291,10 +291,16 @@ void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& ro
         exact += static_cast<double>(q[h * dim + i]) * x[t * dim + i];
         m += std::fabs(q[h * dim + i]) * mag[t * dim + i];
       }
+      // A per-channel base scores through the per-channel integer path
+      // (codec_channel.cc), whose tile starts the GEAR tile.
+      const int64_t tile_tokens = codec.streaming().tile_tokens;
       const double query_bound =
           int_query ? int_scores_bounds::QuantizationBound(
                           format->Base(), dim, &parts->base[t * dim], &q[h * dim], scale)
-                    : 0.0;
+                    : int_scores_bounds::ChannelScoreBound(
+                          format->Base().bits, format->Base().symmetric, dim,
+                          rows.data() + t / tile_tokens * tile_tokens * codec.RowBytes(),
+                          &parts->base[t * dim], &q[h * dim], scale);
       ASSERT_NEAR(scores[h * stride + t], scale * exact, gamma * scale * m + query_bound + 1e-30)
           << what << " Scores h " << h << " t " << t;
     }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/fp16.h"
 #include "kv/attention_ref.h"
 #include "kv/codec.h"
 #include "kv/codec_int_scores.h"
@@ -91,7 +92,7 @@ void QuantizeQueryLikeKCodec(const std::string& k_type, int64_t dim, std::vector
   auto parsed = ParseKvCodec(k_type, dim);
   if (!parsed.ok()) return;
   const std::string name = (*parsed)->Name();
-  // Per-token integer K codecs only (per-channel ones use the float kernels).
+  // Per-token integer K codecs only (per-channel ones: AttentionLikeKCodec).
   if (name.rfind("int", 0) != 0 || name.find("-g") == std::string::npos) return;
   const int64_t group = std::stoll(name.substr(name.find("-g") + 2)), groups = dim / group;
   std::vector<int8_t> q8(static_cast<size_t>(dim));
@@ -101,6 +102,85 @@ void QuantizeQueryLikeKCodec(const std::string& k_type, int64_t dim, std::vector
     codec::QuantizeQueryRef(q.data() + at, dim, group, q8.data(), qs.data(), qsum.data());
     for (int64_t i = 0; i < dim; ++i) q[at + i] = qs[i / group] * q8[i];
   }
+}
+
+// Bits of a per-channel integer K codec (int2-c32-asym..., or GEAR over a
+// per-channel base: gear2-c64-...), else 0.
+int PerChannelIntBits(const std::string& k_type, int64_t dim) {
+  auto parsed = ParseKvCodec(k_type, dim);
+  if (!parsed.ok()) return 0;
+  const std::string name = (*parsed)->Name();
+  if (name.find("-c") == std::string::npos) return 0;
+  if (name.rfind("int", 0) == 0) return name[3] - '0';
+  if (name.rfind("gear", 0) == 0) return name[4] - '0';
+  return 0;
+}
+
+// Per-channel integer K codecs fold each tile's channel scales into q and
+// quantize q' = q s per 32 channels (codec_channel.cc), so their effective
+// query changes per tile and one quantized q cannot replay it. For them the
+// reference is assembled from the codec itself: encoded tokens are scored by
+// the codec's Scores over the raw K re-encoded (Encode is deterministic and
+// tiles start at token 0, as in the cache; per head, each score depends only
+// on its own tile and query head; streaming codecs encode the f16-rounded
+// input, paged_cache.cc), sinks and staged tokens by f32 dots with
+// the decoded f16 rows; softmax and V in double. What remains is the fused
+// kernel's own f32 arithmetic: kKernelBound applies.
+// k_raw: the K the codec encoded; k, v: the cache's decoded K and V; all
+// [total, kv_heads, head_dim]. Returns [n, heads, head_dim].
+std::vector<float> AttentionLikeKCodec(const std::string& k_type, const float* q,
+                                       const float* k_raw, const float* k, const float* v,
+                                       int64_t n, int64_t total, const KvShape& shape,
+                                       float scale) {
+  const int64_t dim = shape.head_dim, heads = shape.num_heads, kv = shape.num_kv_heads;
+  const int64_t group = heads / kv;
+  auto codec = ParseKvCodec(k_type, dim);
+  EXPECT_TRUE(codec.ok());
+  const KvStreaming& st = (*codec)->streaming();
+  const int64_t encoded = st.EncodedAt(total), sinks = st.sink_tokens;
+  std::vector<std::vector<uint8_t>> rows(static_cast<size_t>(kv));  // per KV head
+  for (int64_t g = 0; g < kv; ++g) {
+    std::vector<float> x(static_cast<size_t>(encoded * dim));  // [encoded, dim]
+    for (int64_t t = 0; t < encoded; ++t) {
+      for (int64_t c = 0; c < dim; ++c) {  // streaming codecs encode f16-staged values
+        x[t * dim + c] = F16ToF32(F32ToF16(k_raw[(t * kv + g) * dim + c]));
+      }
+    }
+    rows[g].resize(static_cast<size_t>(encoded) * (*codec)->RowBytes());
+    if (encoded > 0) (*codec)->Encode(x.data(), encoded, rows[g].data());
+  }
+  std::vector<float> out(static_cast<size_t>(n * heads * dim));
+  std::vector<float> codec_scores(static_cast<size_t>(std::max<int64_t>(encoded, 1)));
+  std::vector<double> p(static_cast<size_t>(total));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / group, visible = total - n + i + 1;
+      const float* qh = q + (i * heads + h) * dim;
+      if (encoded > 0) {
+        (*codec)->Scores(rows[g].data(), encoded, qh, 1, scale, codec_scores.data(), encoded);
+      }
+      double max_logit = -1e300, sum = 0;
+      for (int64_t t = 0; t < visible; ++t) {
+        if (t < sinks || t >= encoded) {
+          double dot = 0;
+          for (int64_t c = 0; c < dim; ++c) {
+            dot += static_cast<double>(qh[c]) * k[(t * kv + g) * dim + c];
+          }
+          p[t] = scale * dot;
+        } else {
+          p[t] = codec_scores[t];
+        }
+        max_logit = std::max(max_logit, p[t]);
+      }
+      for (int64_t t = 0; t < visible; ++t) sum += p[t] = std::exp(p[t] - max_logit);
+      for (int64_t c = 0; c < dim; ++c) {
+        double acc = 0;
+        for (int64_t t = 0; t < visible; ++t) acc += p[t] * v[(t * kv + g) * dim + c];
+        out[(i * heads + h) * dim + c] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+  return out;
 }
 
 // Attends the last n tokens and checks the result against AttentionRef on
@@ -124,6 +204,10 @@ void CheckAttend(const PagedKvCache& cache, const KvShape& shape, SeqId seq, int
     QuantizeQueryLikeKCodec(k_type, shape.head_dim, attended_q);
     AttentionRef(attended_q.data(), k.data(), v.data(), n, total, shape.num_heads,
                  shape.num_kv_heads, shape.head_dim, scale, expected.data());
+    if (PerChannelIntBits(k_type, shape.head_dim) != 0) {
+      expected = AttentionLikeKCodec(k_type, q.data(), raw.k[layer].data(), k.data(), v.data(), n,
+                                     total, shape, scale);
+    }
     EXPECT_LE(Nmse(out, expected), kKernelBound)
         << "vs decoded: seq " << seq << " layer " << layer << " n " << n << " total " << total;
   }
@@ -319,6 +403,13 @@ TEST(PagedKvCache, RotatedLossyCodecsMatchReferenceInTheRotatedDomain) {
       QuantizeQueryLikeKCodec(codec, 64, q);  // integer K codecs quantize the rotated q
       AttentionRef(q.data(), k.data(), v.data(), n, total, 8, 2, 64, scale, expected.data());
       ASSERT_TRUE(HadamardUnrotate(expected.data(), n * 8, 64).ok());
+      if (PerChannelIntBits(codec, 64) != 0) {
+        std::vector<float> k_raw_rotated = raw.k[0];  // the codec saw rotated K
+        ASSERT_TRUE(HadamardRotate(k_raw_rotated.data(), total * 2, 64).ok());
+        expected = AttentionLikeKCodec(codec, q.data(), k_raw_rotated.data(), k.data(), v.data(), n,
+                                       total, shape, scale);
+        ASSERT_TRUE(HadamardUnrotate(expected.data(), n * 8, 64).ok());
+      }
       EXPECT_LE(Nmse(out, expected), kKernelBound) << "n " << n;
     }
   }

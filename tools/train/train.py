@@ -65,8 +65,8 @@ def get_args(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--threads-file", default="",
                     help="file holding a thread count, re-read every step: lets a shared machine lend a core "
-                         "to other work mid-run (`echo 1 > FILE`) without losing the run; changes are logged. "
-                         "Results stay equal in distribution, not bit-exact, across changes")
+                         "to other work mid-run (`echo 1 > FILE`; 0 pauses) without losing the run; changes "
+                         "are logged. Results stay equal in distribution, not bit-exact, across changes")
     ap.add_argument("--init-from", default="",
                     help="HF model folder (e.g. an earlier export) whose weights start a NEW run; the "
                          "architecture flags must match it. Ignored when resuming from --out/ckpt.pt")
@@ -128,12 +128,25 @@ def make_optimizer(model, a):
                               {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def apply_threads_file(path, log):
+def read_threads_file(path):
     try:
         with open(path) as f:
-            wanted = int(f.read().strip() or 0)
+            return int(f.read().strip() or -1)
     except (OSError, ValueError):
-        return
+        return -1
+
+
+def apply_threads_file(path, log):
+    """N > 0: train on N threads; 0: pause (e.g. while a benchmark needs the machine) until the
+    file says N > 0 again. Called before a step's clock starts, so a pause never counts as step
+    time (--fit-deadline then only sees the wall-clock deadline come closer)."""
+    wanted = read_threads_file(path)
+    if wanted == 0:
+        log(f"paused ({path} says 0)")
+        while wanted == 0:
+            time.sleep(5)
+            wanted = read_threads_file(path)
+        log(f"resumed ({path} says {wanted})")
     if wanted > 0 and wanted != torch.get_num_threads():
         log(f"threads {torch.get_num_threads()} -> {wanted} (from {path})")
         torch.set_num_threads(wanted)

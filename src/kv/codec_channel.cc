@@ -191,6 +191,8 @@ void ChannelIntScores(const IntFormat& f, int64_t dim, const uint8_t* rows, int6
                             dim / kChannelQueryGroup};
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const auto sym_offset = hn::Set(df, -static_cast<float>(f.Levels() / 2));
   alignas(64) float s[kMaxCodecHeadDim], o[kMaxCodecHeadDim];
   alignas(64) float q_scaled[kMaxHeadsPerPass * kMaxCodecHeadDim];  // [heads, dim]
   float bias[kMaxHeadsPerPass];
@@ -198,7 +200,15 @@ void ChannelIntScores(const IntFormat& f, int64_t dim, const uint8_t* rows, int6
   for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
     const uint8_t* tile = rows + static_cast<size_t>(t0) * f.RowBytes(dim);
     const int64_t count = std::min(tile_tokens, n - t0);
-    ReadChannelParams(f, dim, tile, s, o);
+    // ReadChannelParams, vectorized: f16 -> f32 is exact either way.
+    const auto* halves = reinterpret_cast<const hwy::float16_t*>(tile);
+    for (int64_t c = 0; c < dim; c += lanes) {
+      const auto vs = hn::PromoteTo(df, hn::LoadU(dh, halves + c));
+      hn::Store(vs, df, s + c);
+      hn::Store(f.symmetric ? hn::Mul(sym_offset, vs)
+                            : hn::PromoteTo(df, hn::LoadU(dh, halves + dim + c)),
+                df, o + c);
+    }
     for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
       const int64_t pass_heads = std::min(kMaxHeadsPerPass, heads - h0);
       for (int64_t h = 0; h < pass_heads; ++h) {

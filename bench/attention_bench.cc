@@ -17,11 +17,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kv/kv_calibration.h"
 #include "kv/kv_factory.h"
 #include "read_probe.h"
 
@@ -33,6 +35,35 @@ constexpr int64_t kHeads = 14, kKvHeads = 2, kHeadDim = 64;
 // caches), unless its third argument (MiB) says otherwise.
 constexpr int64_t kRotateMiB = 512;
 
+// KVQuant caches need a calibration file; for timing any valid one serves:
+// unit key ranges and 2^B evenly spaced levels (the kernels' work does not
+// depend on the values). Written once per shape to the temp folder.
+StatusOr<std::string> SyntheticCalibration(const KvShape& shape) {
+  KvCalibration c;
+  c.num_layers = shape.num_layers;
+  c.num_heads = shape.num_heads;
+  c.num_kv_heads = shape.num_kv_heads;
+  c.head_dim = shape.head_dim;
+  c.method = "synthetic (attention_bench)";
+  const size_t per_layer = static_cast<size_t>(shape.num_kv_heads * shape.head_dim);
+  c.k_offset.assign(per_layer * shape.num_layers, 0.0f);
+  c.k_scale.assign(per_layer * shape.num_layers, 3.0f);
+  for (int bits : {2, 3, 4}) {
+    const int levels = 1 << bits;
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      for (int i = 0; i < levels; ++i) {
+        const float level = -1.0f + 2.0f * static_cast<float>(i) / static_cast<float>(levels - 1);
+        c.codebooks[bits].k.push_back(level);
+        c.codebooks[bits].v.push_back(level);
+      }
+    }
+  }
+  const std::string path = "/tmp/kvq_attention_bench_" + std::to_string(shape.num_layers) +
+                           "_layers.calibration.safetensors";
+  KVQ_RETURN_IF_ERROR(SaveKvCalibration(c, path));
+  return path;
+}
+
 void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   const int64_t context = state.range(0);
   const int threads = static_cast<int>(state.range(1));
@@ -43,6 +74,11 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   options.max_tokens = context;
   options.num_threads = threads;
   KvShape shape{1, kHeads, kKvHeads, kHeadDim};
+  // Qwen2.5's RoPE (theta 1e6), for the caches that store K before RoPE.
+  for (int64_t i = 0; i < kHeadDim / 2; ++i) {
+    shape.rope_inv_freq.push_back(
+        static_cast<float>(std::pow(1e6, -2.0 * static_cast<double>(i) / kHeadDim)));
+  }
   auto one_layer = ComputeKvLayout(shape, options);
   if (!one_layer.ok()) {
     state.SkipWithError(one_layer.status().message().c_str());
@@ -52,6 +88,14 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   const int64_t bytes =
       context * kKvHeads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
   shape.num_layers = std::clamp<int64_t>((rotate_bytes + bytes - 1) / bytes, 1, 4096);
+  if (codec.rfind("kvquant", 0) == 0) {
+    auto calibration = SyntheticCalibration(shape);
+    if (!calibration.ok()) {
+      state.SkipWithError(calibration.status().message().c_str());
+      return;
+    }
+    options.calibration_path = *calibration;
+  }
   auto made = MakeKvCache(shape, options);
   if (!made.ok()) {
     state.SkipWithError(made.status().message().c_str());
@@ -105,8 +149,8 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
 }
 
 void RegisterAll() {
-  for (const char* codec :
-       {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2", "gear2", "gear4"}) {
+  for (const char* codec : {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2",
+                            "kivi4", "kvquant2", "kvquant3", "kvquant4", "gear2", "gear4"}) {
     const std::string name = std::string("DecodeAttention/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
@@ -120,12 +164,11 @@ void RegisterAll() {
   // search: filling 512 MiB of layers takes minutes on a shared core. These
   // rows cycle through 64 MiB instead (within this machine's L3, so they
   // compare kernel compute, which dominates here anyway; docs/benchmarks.md).
-  for (const char* codec : {"f16", "int4", "kivi2", "gear2", "gear4"}) {
+  for (const char* codec : {"f16", "int4", "kivi2", "kvquant3", "gear2", "gear4"}) {
     const std::string name = std::string("DecodeAttentionL3/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
-    b->ArgNames({"ctx", "threads", "rotate_mib", "block"})
-        ->UseManualTime()
-        ->Args({4096, 1, 64, 16});
+    b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
+    for (int64_t context : {4096, 16384}) b->Args({context, 1, 64, 16});
   }
 }
 

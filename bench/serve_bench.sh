@@ -119,11 +119,16 @@ for dtype in ${dtypes//,/ }; do
   fi
   # "KV cache <type>: B blocks of T tokens (M MiB)": how many sequences of the
   # mean length fit, to show what the budget admits for each type.
-  cache_line=$(grep -o 'KV cache [^:]*: [0-9]* blocks of [0-9]* tokens ([0-9.]* MiB)' "$err" || true)
+  # (streaming types name K and V: "KV cache k:int2-c32.../v:...: B blocks"; the
+  # server also prints the blocks each sequence takes for its f16 windows.)
+  cache_line=$(grep -o 'KV cache .*: [0-9]* blocks of [0-9]* tokens ([0-9.]* MiB)' "$err" || true)
   blocks=$(echo "$cache_line" | sed -n 's/.*: \([0-9]*\) blocks of \([0-9]*\) tokens.*/\1/p')
   block_tokens=$(echo "$cache_line" | sed -n 's/.*: \([0-9]*\) blocks of \([0-9]*\) tokens.*/\2/p')
+  staging=$(sed -n 's/.* \([0-9]*\) blocks per sequence for f16 windows.*/\1/p' "$err" | head -n 1)
+  staging=${staging:-0}
   if [ -n "$blocks" ]; then
-    admitted+=("$dtype: $cache_line -> $((blocks * block_tokens / mean_tokens)) sequences of $mean_tokens tokens")
+    per_sequence=$(((mean_tokens + block_tokens - 1) / block_tokens + staging))
+    admitted+=("$dtype: $cache_line, $staging blocks per sequence for f16 windows -> $((blocks / per_sequence)) sequences of $mean_tokens tokens")
   fi
   [ -n "$baseline" ] || baseline=$dtype
   if [ "$dry_run" = 1 ]; then

@@ -89,74 +89,74 @@ inline double QuantizationBound(const codec::IntFormat& f, int64_t dim, const fl
 //   epilogue: b is a dim-term f32 dot, then one fused add per group and the
 //   multiply by scale: gamma_(dim + groups + 2) * (sum |q_c o_c| +
 //   sum_c (|q'_c| + qs) U), |qs q8_c| <= |q'_c| + qs.
-// tile: the tile's parameter bytes ([dim f16 scales][dim f16 mins if asym]).
-// Per-channel SIMD vs reference twin: both compute the same q', q8, qscale
-// and integer dots; they differ only in the f32 epilogue (the SIMD path sums
-// b in f32 and adds qscale_g * I_g with one fused rounding per group; the
-// reference works in double and rounds once), so |fast - ref| <=
-// gamma_(dim + groups + 3) * |scale| * magnitude, the magnitude as below.
-inline double ChannelEpilogueBound(int bits, bool symmetric, int64_t dim, const uint8_t* tile,
-                                   const float* q, float scale);
-
-inline double ChannelScoreBound(int bits, bool symmetric, int64_t dim, const uint8_t* tile,
-                                const float* x, const float* q, float scale) {
+// (ChannelScoreBound below.) tile: the tile's parameter bytes ([dim f16
+// scales][dim f16 mins if asym]).
+//
+// What both bounds need from one tile and query head: q' = f32(q s), the
+// offsets o and the q8 steps qs per 32 channels, as the codec makes them.
+struct ChannelQuery {
+  std::vector<float> q_scaled, qs;  // [dim], [dim / 32]
+  std::vector<double> o;            // [dim]
+  double levels_max = 0;            // U = 2^B - 1
+};
+inline ChannelQuery MakeChannelQuery(int bits, bool symmetric, int64_t dim, const uint8_t* tile,
+                                     const float* q) {
   constexpr int64_t kGroup = 32;
-  const double levels_max = static_cast<double>((1 << bits) - 1);
-  std::vector<float> q_scaled(dim);
-  std::vector<double> o(dim);
+  ChannelQuery cq;
+  cq.levels_max = static_cast<double>((1 << bits) - 1);
+  cq.q_scaled.resize(dim);
+  cq.o.resize(dim);
   for (int64_t c = 0; c < dim; ++c) {
     uint16_t sb, mb = 0;
     std::memcpy(&sb, tile + 2 * c, 2);
     if (!symmetric) std::memcpy(&mb, tile + 2 * (dim + c), 2);
     const float s = F16ToF32(sb);
-    q_scaled[c] = q[c] * s;
-    o[c] = symmetric ? -static_cast<double>(1 << (bits - 1)) * s : F16ToF32(mb);
+    cq.q_scaled[c] = q[c] * s;
+    cq.o[c] = symmetric ? -static_cast<double>(1 << (bits - 1)) * s : F16ToF32(mb);
   }
   std::vector<int8_t> q8(dim);
-  std::vector<float> qs(dim / kGroup);
   std::vector<int32_t> qsum(dim / kGroup);
-  codec::QuantizeQueryRef(q_scaled.data(), dim, kGroup, q8.data(), qs.data(), qsum.data());
-  double quant = 0.0, magnitude = 0.0;
+  cq.qs.resize(dim / kGroup);
+  codec::QuantizeQueryRef(cq.q_scaled.data(), dim, kGroup, q8.data(), cq.qs.data(), qsum.data());
+  return cq;
+}
+
+// The epilogue's rounding: gamma_(k) * |scale| * magnitude (+ underflow).
+inline double ChannelEpilogue(const ChannelQuery& cq, const float* q, float scale, double k) {
+  const int64_t dim = static_cast<int64_t>(cq.o.size());
+  double magnitude = 0.0;
   for (int64_t c = 0; c < dim; ++c) {
-    const double step = qs[c / kGroup], a = std::fabs(static_cast<double>(q_scaled[c]));
-    quant += (step / 2 + 3 * kEps * a + 2 * kEps * a) * levels_max +
-             kEps * std::fabs(static_cast<double>(q[c]) * x[c]);
-    magnitude += std::fabs(q[c] * o[c]) + (a + step) * levels_max;
+    magnitude += std::fabs(q[c] * cq.o[c]) +
+                 (std::fabs(static_cast<double>(cq.q_scaled[c])) + cq.qs[c / 32]) * cq.levels_max;
   }
-  const double groups = static_cast<double>(dim / kGroup);
-  return std::fabs(scale) * (quant + Gamma(static_cast<double>(dim) + groups + 2) * magnitude) +
+  const double groups = static_cast<double>(dim / 32);
+  return Gamma(k) * std::fabs(scale) * magnitude +
          (static_cast<double>(dim) + 2 * groups) * std::ldexp(kTinyAbs, 23) * std::fabs(scale) +
          4 * kTinyAbs;
 }
 
+inline double ChannelScoreBound(int bits, bool symmetric, int64_t dim, const uint8_t* tile,
+                                const float* x, const float* q, float scale) {
+  const ChannelQuery cq = MakeChannelQuery(bits, symmetric, dim, tile, q);
+  double quant = 0.0;
+  for (int64_t c = 0; c < dim; ++c) {
+    const double step = cq.qs[c / 32], a = std::fabs(static_cast<double>(cq.q_scaled[c]));
+    quant += (step / 2 + 3 * kEps * a + 2 * kEps * a) * cq.levels_max +
+             kEps * std::fabs(static_cast<double>(q[c]) * x[c]);
+  }
+  return std::fabs(scale) * quant +
+         ChannelEpilogue(cq, q, scale, static_cast<double>(dim + dim / 32 + 2));
+}
+
+// Per-channel SIMD vs reference twin: both compute the same q', q8, qscale
+// and integer dots; they differ only in the f32 epilogue (the SIMD path sums
+// b in f32 and adds qscale_g * I_g with one fused rounding per group; the
+// reference works in double and rounds once), so |fast - ref| <=
+// gamma_(dim + groups + 3) * |scale| * the epilogue magnitude above.
 inline double ChannelEpilogueBound(int bits, bool symmetric, int64_t dim, const uint8_t* tile,
                                    const float* q, float scale) {
-  // With x = q and quant dropped: ChannelScoreBound's magnitude term alone.
-  constexpr int64_t kGroup = 32;
-  const double levels_max = static_cast<double>((1 << bits) - 1);
-  std::vector<float> q_scaled(dim);
-  std::vector<double> o(dim);
-  for (int64_t c = 0; c < dim; ++c) {
-    uint16_t sb, mb = 0;
-    std::memcpy(&sb, tile + 2 * c, 2);
-    if (!symmetric) std::memcpy(&mb, tile + 2 * (dim + c), 2);
-    const float s = F16ToF32(sb);
-    q_scaled[c] = q[c] * s;
-    o[c] = symmetric ? -static_cast<double>(1 << (bits - 1)) * s : F16ToF32(mb);
-  }
-  std::vector<int8_t> q8(dim);
-  std::vector<float> qs(dim / kGroup);
-  std::vector<int32_t> qsum(dim / kGroup);
-  codec::QuantizeQueryRef(q_scaled.data(), dim, kGroup, q8.data(), qs.data(), qsum.data());
-  double magnitude = 0.0;
-  for (int64_t c = 0; c < dim; ++c) {
-    magnitude += std::fabs(q[c] * o[c]) +
-                 (std::fabs(static_cast<double>(q_scaled[c])) + qs[c / kGroup]) * levels_max;
-  }
-  const double groups = static_cast<double>(dim / kGroup);
-  return Gamma(static_cast<double>(dim) + groups + 3) * std::fabs(scale) * magnitude +
-         (static_cast<double>(dim) + 2 * groups) * std::ldexp(kTinyAbs, 23) * std::fabs(scale) +
-         4 * kTinyAbs;
+  const ChannelQuery cq = MakeChannelQuery(bits, symmetric, dim, tile, q);
+  return ChannelEpilogue(cq, q, scale, static_cast<double>(dim + dim / 32 + 3));
 }
 
 }  // namespace kvq::int_scores_bounds

@@ -3,12 +3,14 @@ folder's train.log / metrics.jsonl, the corpus' sources.json and evaluate.py's r
 import json
 import os
 import re
+import subprocess
 
 import numpy as np
 
 # Arguments that only control when/how a run stops or reports; left out of the
 # reproduction command (the schedule changes are replayed with --max-steps-at).
-_RUNTIME_ARGS = {"deadline", "time_budget", "fit_deadline", "bench", "max_steps_at", "ckpt_every"}
+_RUNTIME_ARGS = {"deadline", "time_budget", "fit_deadline", "bench", "max_steps_at", "ckpt_every",
+                 "threads_file"}
 
 
 def training_summary(log_path):
@@ -53,6 +55,24 @@ def read_metrics(path):
     return train, valid
 
 
+def thread_changes(log_path):
+    """How often a run's thread count changed (train.py --threads-file logs each change)."""
+    with open(log_path) as f:
+        return sum(1 for line in f if re.search(r" threads \d+ -> \d+ ", line))
+
+
+def commit_adding(path):
+    """The commit that added a stage's log: the model folder as it stood after that stage (the
+    weights the next stage starts from). "" outside a git checkout or before the commit."""
+    try:
+        out = subprocess.run(["git", "log", "--format=%h", "--diff-filter=A", "-1", "--", path],
+                             capture_output=True, text=True, check=False,
+                             cwd=os.path.dirname(os.path.abspath(path)))
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
 def load_stages(model_dir):
     """Training stages kept with the model in training/: stageN.train.log + stageN.metrics.jsonl
     (copied from the run folder by evaluate.py --stage N), or stageN.json (a summary, for a stage
@@ -72,11 +92,14 @@ def load_stages(model_dir):
                   "tokens": steps * args["batch"] * args["seq"], "train": train, "valid": valid,
                   "median_tok_s": float(np.median([r["tok_s"] for r in train])),
                   "final_train_loss": float(np.mean([r["loss"] for r in train][-25:])),
-                  "final_valid_loss": valid[-1]["valid_loss"] if valid else float("nan"), "note": ""}
+                  "final_valid_loss": valid[-1]["valid_loss"] if valid else float("nan"), "note": "",
+                  "thread_changes": thread_changes(log)}
         else:
             with open(os.path.join(folder, f"stage{n}.json")) as f:
                 st = json.load(f)
             st.update(train=[], valid=[], changes=[tuple(c) for c in st["changes"]])
+        if not st.get("weights_commit"):
+            st["weights_commit"] = commit_adding(os.path.join(folder, f"stage{n}.train.log"))
         st["token_offset"] = offset
         offset += st["tokens"]
         stages.append(st)
@@ -136,7 +159,11 @@ def stage_command(st, previous):
         args["init_from"] = f"/tmp/stage{st['stage'] - 1}/models/kvq-tiny-qwen2"
     if st["stage"] > 1:
         args["out"] = f"/var/cache/kvq/train/run{st['stage']}"
-    return init + command(args, st["changes"])
+    note = ""
+    if st.get("thread_changes"):
+        note = (f"# (this stage lent a core to other work {st['thread_changes']} times through --threads-file, "
+                f"so its replay is equal in distribution, not bit-exact)\n")
+    return init + note + command(args, st["changes"])
 
 
 def write(model_dir, corpus, res):

@@ -65,7 +65,7 @@ def commit_adding(path):
     """The commit that added a stage's log: the model folder as it stood after that stage (the
     weights the next stage starts from). "" outside a git checkout or before the commit."""
     try:
-        out = subprocess.run(["git", "log", "--format=%h", "--diff-filter=A", "-1", "--", path],
+        out = subprocess.run(["git", "log", "--format=%h", "--diff-filter=A", "-1", "--", os.path.abspath(path)],
                              capture_output=True, text=True, check=False,
                              cwd=os.path.dirname(os.path.abspath(path)))
         return out.stdout.strip()

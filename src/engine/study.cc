@@ -116,6 +116,7 @@ Json SchemeJson(const SchemeResult& r) {
   j["k_type"] = r.spec.k_type;
   j["v_type"] = r.spec.v_type;
   j["rotate"] = r.spec.rotate;
+  j["policy"] = r.spec.policy.empty() ? Json(nullptr) : Json(r.spec.policy);
   j["baseline"] = r.baseline;
   j["k_bits_nominal"] = r.plan.k_bits;
   j["v_bits_nominal"] = r.plan.v_bits;
@@ -344,7 +345,7 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   t0 = Clock::now();
   std::vector<SchemeSpec> schemes = o.schemes;
   auto is_f16 = [](const SchemeSpec& s) {
-    return s.k_type == "f16" && s.v_type == "f16" && !s.rotate;
+    return s.k_type == "f16" && s.v_type == "f16" && !s.rotate && s.policy.empty();
   };
   auto base_it = std::find_if(schemes.begin(), schemes.end(), is_f16);
   if (base_it == schemes.end()) {

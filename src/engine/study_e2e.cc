@@ -4,7 +4,9 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "engine/sampler.h"
 
@@ -23,6 +25,20 @@ std::string Trim(const std::string& s) {
 StatusOr<SchemeSpec> ParseSchemeSpec(const std::string& text) {
   SchemeSpec spec;
   spec.name = Trim(text);
+  const std::string policy_prefix = "policy:";
+  if (spec.name.compare(0, policy_prefix.size(), policy_prefix) == 0) {
+    const std::string path = spec.name.substr(policy_prefix.size());
+    std::ifstream file(path);
+    if (path.empty() || !file) {
+      return Status::Error("scheme '" + spec.name + "': cannot read the policy file '" + path +
+                           "'");
+    }
+    std::stringstream policy;
+    policy << file.rdbuf();
+    spec.policy = policy.str();
+    spec.k_type = spec.v_type = "f16";
+    return spec;
+  }
   std::string body = spec.name;
   const std::string rot = "+rot";
   if (body.size() > rot.size() && body.compare(body.size() - rot.size(), rot.size(), rot) == 0) {
@@ -40,7 +56,7 @@ StatusOr<SchemeSpec> ParseSchemeSpec(const std::string& text) {
       spec.k_type.find('+') != std::string::npos || spec.v_type.find('+') != std::string::npos) {
     return Status::Error("scheme '" + spec.name +
                          "': expected TYPE, KTYPE/VTYPE, optionally with a +rot suffix (e.g. "
-                         "int4, f16/int4, int2+rot)");
+                         "int4, f16/int4, int2+rot), or policy:FILE");
   }
   return spec;
 }
@@ -77,6 +93,7 @@ KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, in
   o.k_type = spec.k_type;
   o.v_type = spec.v_type;
   o.rotate = spec.rotate;
+  o.policy = spec.policy;
   o.max_tokens = max_tokens;
   o.num_threads = threads;
   return o;

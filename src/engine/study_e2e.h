@@ -22,10 +22,13 @@ namespace kvq {
 //   TYPE           K and V both TYPE (any --kv-cache-dtype value, e.g. int4-g64)
 //   KTYPE/VTYPE    K KTYPE, V VTYPE (e.g. f16/int4)
 //   ...+rot        append to either form: Hadamard rotation (--kv-rotate)
+//   policy:FILE    a per-layer policy file (--kv-policy; e.g. kvq tune's
+//                  output); layers it does not name stay f16
 struct SchemeSpec {
   std::string name;  // the spec as written
   std::string k_type, v_type;
   bool rotate = false;
+  std::string policy;  // policy:FILE's text ("" otherwise)
 };
 StatusOr<SchemeSpec> ParseSchemeSpec(const std::string& spec);
 // Comma-separated specs; each is also checked against the factory for `shape`

@@ -315,7 +315,8 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
       "top-1 vs the f16 cache, passkey recall at several contexts and depths, bytes per token;\n"
       "kvquant* schemes are calibrated first (kvq calibrate's q2 weights) unless "
       "--kv-calibration.\n"
-      "Scheme specs: TYPE (any --kv-cache-dtype), KTYPE/VTYPE (f16/int4), suffix +rot.\n"
+      "Scheme specs: TYPE (any --kv-cache-dtype), KTYPE/VTYPE (f16/int4), suffix +rot,\n"
+      "policy:FILE (a --kv-policy file, e.g. from kvq tune).\n"
       "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
       "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].");
   cmd->add_option("-m,--model", flags->model,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -325,6 +326,44 @@ TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
   auto refused = RunStudy(model_, Text(400), o);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("calibration"), std::string::npos);
+}
+
+// A tuned policy (kvq tune's file) runs as a scheme: policy:FILE, its own
+// bytes between the types it mixes, never mistaken for the f16 baseline.
+TEST_F(StudyTest, PolicyFileRunsAsAScheme) {
+  const std::string policy_path = TempPath("policy.txt");
+  {
+    std::ofstream f(policy_path);
+    f << "# layer 0 in f16, the rest int4\n*: int4\n0: f16\n";
+  }
+  EXPECT_FALSE(ParseSchemeSpec("policy:").ok());
+  EXPECT_FALSE(ParseSchemeSpec("policy:" + TempPath("missing.txt")).ok());
+  StudyOptions o;
+  o.context = 32;
+  o.chunks = 2;
+  o.capture_tokens = 32;
+  o.batch = 16;
+  auto schemes = ParseSchemeList("policy:" + policy_path + ",int4", model_.transformer->kv_shape());
+  ASSERT_TRUE(schemes.ok()) << schemes.status().message();
+  o.schemes = *schemes;
+  o.recall.contexts = {128};
+  o.recall.depths = {0.5};
+  o.recall.trials = 1;
+  o.baseline_logits_path = TempPath("policy_base.logprobs");
+  o.memory_contexts = {64};
+  auto json = RunStudy(model_, Text(400), o);
+  fs::remove(policy_path);
+  ASSERT_TRUE(json.ok()) << json.status().message();
+  const nlohmann::json& list = (*json)["schemes"];
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0]["name"], "f16");  // the baseline was added, not taken from the policy
+  EXPECT_TRUE(list[0]["policy"].is_null());
+  const nlohmann::json& policy = list[1];
+  EXPECT_TRUE(policy["policy"].is_string());
+  const double f16_bytes = list[0]["bytes_per_token"], int4_bytes = list[2]["bytes_per_token"];
+  EXPECT_LT(policy["bytes_per_token"].get<double>(), f16_bytes);
+  EXPECT_GT(policy["bytes_per_token"].get<double>(), int4_bytes);
+  EXPECT_GT(policy["kl_mean"].get<double>(), 0.0);
 }
 
 TEST_F(StudyTest, RejectsShortTextAndOversizedContext) {

@@ -73,6 +73,21 @@ class StudyTest : public testing::Test {
     model_ = std::move(loaded).value();
   }
   std::vector<int32_t> Tokens(size_t n) { return model_.tokenizer->Encode(Text(n)); }
+  // A small study of the synthetic model: 2 windows of 32 tokens, one recall
+  // cell of 128 tokens (the needle and question alone take 74 bytes).
+  static StudyOptions SmallStudy(const std::string& name) {
+    StudyOptions o;
+    o.context = 32;
+    o.chunks = 2;
+    o.capture_tokens = 32;
+    o.batch = 16;
+    o.recall.contexts = {128};
+    o.recall.depths = {0.5};
+    o.recall.trials = 1;
+    o.baseline_logits_path = TempPath(name + "_base.logprobs");
+    o.memory_contexts = {64};
+    return o;
+  }
 
   static std::string* path_;
   LoadedModel model_;
@@ -285,20 +300,11 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
 // cache, record it, and remove its scratch file. Without a scratch path or a
 // file the study refuses rather than run an uncalibrated codec.
 TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
-  StudyOptions o;
-  o.context = 32;
-  o.chunks = 2;
-  o.capture_tokens = 32;
-  o.batch = 16;
+  StudyOptions o = SmallStudy("kvquant");
   o.schemes = *ParseSchemeList("kvquant4,int4", model_.transformer->kv_shape());
-  o.recall.contexts = {128};
-  o.recall.depths = {0.5};
-  o.recall.trials = 1;
-  o.baseline_logits_path = TempPath("kvq_base.logprobs");
   o.calibration_scratch_path = TempPath("kvq_calib.safetensors");
   o.calibration.context = 64;
   o.calibration.tokens = 128;
-  o.memory_contexts = {64};
   auto json = RunStudy(model_, Text(400), o);
   ASSERT_TRUE(json.ok()) << json.status().message();
   const nlohmann::json& c = (*json)["calibration"];
@@ -338,19 +344,10 @@ TEST_F(StudyTest, PolicyFileRunsAsAScheme) {
   }
   EXPECT_FALSE(ParseSchemeSpec("policy:").ok());
   EXPECT_FALSE(ParseSchemeSpec("policy:" + TempPath("missing.txt")).ok());
-  StudyOptions o;
-  o.context = 32;
-  o.chunks = 2;
-  o.capture_tokens = 32;
-  o.batch = 16;
+  StudyOptions o = SmallStudy("policy");
   auto schemes = ParseSchemeList("policy:" + policy_path + ",int4", model_.transformer->kv_shape());
   ASSERT_TRUE(schemes.ok()) << schemes.status().message();
   o.schemes = *schemes;
-  o.recall.contexts = {128};
-  o.recall.depths = {0.5};
-  o.recall.trials = 1;
-  o.baseline_logits_path = TempPath("policy_base.logprobs");
-  o.memory_contexts = {64};
   auto json = RunStudy(model_, Text(400), o);
   fs::remove(policy_path);
   ASSERT_TRUE(json.ok()) << json.status().message();

@@ -349,7 +349,7 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   };
   auto base_it = std::find_if(schemes.begin(), schemes.end(), is_f16);
   if (base_it == schemes.end()) {
-    schemes.insert(schemes.begin(), SchemeSpec{"f16", "f16", "f16", false});
+    schemes.insert(schemes.begin(), SchemeSpec{"f16", "f16", "f16", false, ""});
   } else {
     std::rotate(schemes.begin(), base_it, base_it + 1);
   }

@@ -222,7 +222,7 @@ StatusOr<SchemeResult> RunSchemeEndToEnd(
   const KvCacheOptions cache_options =
       SchemeCacheOptions(spec, max_tokens, options.threads, options.calibration_path);
   KVQ_ASSIGN_OR_RETURN(r.plan, PlanKvType(shape, cache_options));
-  SchemeSpec f16{"f16", "f16", "f16", false};
+  SchemeSpec f16{"f16", "f16", "f16", false, ""};
   KVQ_ASSIGN_OR_RETURN(KvTypePlan f16_plan,
                        PlanKvType(shape, SchemeCacheOptions(f16, max_tokens, options.threads)));
   r.bytes_per_token = r.plan.layout.BytesPerToken();

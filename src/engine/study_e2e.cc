@@ -4,11 +4,10 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "engine/sampler.h"
+#include "io/mapped_file.h"
 
 namespace kvq {
 namespace {
@@ -28,14 +27,10 @@ StatusOr<SchemeSpec> ParseSchemeSpec(const std::string& text) {
   const std::string policy_prefix = "policy:";
   if (spec.name.compare(0, policy_prefix.size(), policy_prefix) == 0) {
     const std::string path = spec.name.substr(policy_prefix.size());
-    std::ifstream file(path);
-    if (path.empty() || !file) {
-      return Status::Error("scheme '" + spec.name + "': cannot read the policy file '" + path +
-                           "'");
-    }
-    std::stringstream policy;
-    policy << file.rdbuf();
-    spec.policy = policy.str();
+    if (path.empty()) return Status::Error("scheme '" + spec.name + "': no policy file named");
+    auto policy = ReadTextFile(path);
+    if (!policy.ok()) return policy.status().WithContext("scheme '" + spec.name + "'");
+    spec.policy = std::move(policy).value();
     spec.k_type = spec.v_type = "f16";
     return spec;
   }

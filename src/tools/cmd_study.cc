@@ -19,6 +19,7 @@
 #include "engine/planner.h"
 #include "engine/study.h"
 #include "engine/study_report.h"
+#include "io/mapped_file.h"
 #include "tools/commands.h"
 
 namespace kvq {
@@ -258,11 +259,9 @@ int RunStudyCommand(const StudyFlags& flags) {
   o.calibration_text_path =
       flags.calib_file.empty() ? DefaultCalibrationTextPath(text_path) : flags.calib_file;
   if (!o.calibration_text_path.empty() && o.calibration_path.empty()) {
-    std::ifstream calib(o.calibration_text_path, std::ios::binary);
-    if (!calib) return Fail(o.calibration_text_path + ": cannot open the calibration text");
-    std::stringstream calib_text;
-    calib_text << calib.rdbuf();
-    o.calibration_text = calib_text.str();
+    auto calib_text = ReadTextFile(o.calibration_text_path);
+    if (!calib_text.ok()) return Fail("calibration text: " + calib_text.status().message());
+    o.calibration_text = std::move(calib_text).value();
   }
 
   Status fits = CheckFits(model_path, o.schemes, o.capture_tokens);

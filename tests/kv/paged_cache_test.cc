@@ -124,10 +124,9 @@ int PerChannelIntBits(const std::string& k_type, int64_t dim) {
 // tiles start at token 0, as in the cache; per head, each score depends only
 // on its own tile and query head; streaming codecs encode the f16-rounded
 // input, paged_cache.cc), sinks and staged tokens by f32 dots with
-// the decoded f16 rows; softmax and V in double. What remains is the fused
-// kernel's own f32 arithmetic: kKernelBound applies.
-// k_raw: the K the codec encoded; k, v: the cache's decoded K and V; all
-// [total, kv_heads, head_dim]. Returns [n, heads, head_dim].
+// the decoded f16 rows; softmax and V as AttentionRef (AttentionRefScored). What remains is the
+// fused kernel's own f32 arithmetic: kKernelBound applies. k_raw: the K the codec encoded; k, v:
+// the cache's decoded K and V; all [total, kv_heads, head_dim]. Returns [n, heads, head_dim].
 std::vector<float> AttentionLikeKCodec(const std::string& k_type, const float* q,
                                        const float* k_raw, const float* k, const float* v,
                                        int64_t n, int64_t total, const KvShape& shape,
@@ -149,37 +148,24 @@ std::vector<float> AttentionLikeKCodec(const std::string& k_type, const float* q
     rows[g].resize(static_cast<size_t>(encoded) * (*codec)->RowBytes());
     if (encoded > 0) (*codec)->Encode(x.data(), encoded, rows[g].data());
   }
-  std::vector<float> out(static_cast<size_t>(n * heads * dim));
-  std::vector<float> codec_scores(static_cast<size_t>(std::max<int64_t>(encoded, 1)));
-  std::vector<double> p(static_cast<size_t>(total));
-  for (int64_t i = 0; i < n; ++i) {
+  // The codec's scores of every (query row, head) over the encoded tokens.
+  std::vector<float> codec_scores(static_cast<size_t>(n * heads * encoded));  // [n, heads, encoded]
+  for (int64_t i = 0; i < n && encoded > 0; ++i) {
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t g = h / group, visible = total - n + i + 1;
-      const float* qh = q + (i * heads + h) * dim;
-      if (encoded > 0) {
-        (*codec)->Scores(rows[g].data(), encoded, qh, 1, scale, codec_scores.data(), encoded);
-      }
-      double max_logit = -1e300, sum = 0;
-      for (int64_t t = 0; t < visible; ++t) {
-        if (t < sinks || t >= encoded) {
-          double dot = 0;
-          for (int64_t c = 0; c < dim; ++c) {
-            dot += static_cast<double>(qh[c]) * k[(t * kv + g) * dim + c];
-          }
-          p[t] = scale * dot;
-        } else {
-          p[t] = codec_scores[t];
-        }
-        max_logit = std::max(max_logit, p[t]);
-      }
-      for (int64_t t = 0; t < visible; ++t) sum += p[t] = std::exp(p[t] - max_logit);
-      for (int64_t c = 0; c < dim; ++c) {
-        double acc = 0;
-        for (int64_t t = 0; t < visible; ++t) acc += p[t] * v[(t * kv + g) * dim + c];
-        out[(i * heads + h) * dim + c] = static_cast<float>(acc / sum);
-      }
+      (*codec)->Scores(rows[h / group].data(), encoded, q + (i * heads + h) * dim, 1, scale,
+                       &codec_scores[(i * heads + h) * encoded], encoded);
     }
   }
+  auto score = [&](int64_t i, int64_t h, int64_t t) -> double {
+    if (t >= sinks && t < encoded) return codec_scores[(i * heads + h) * encoded + t];
+    const float* qh = q + (i * heads + h) * dim;
+    const float* kt = k + (t * kv + h / group) * dim;
+    double dot = 0;
+    for (int64_t c = 0; c < dim; ++c) dot += static_cast<double>(qh[c]) * kt[c];
+    return dot * scale;
+  };
+  std::vector<float> out(static_cast<size_t>(n * heads * dim));
+  AttentionRefScored(score, v, n, total, heads, kv, dim, out.data());
   return out;
 }
 

@@ -196,7 +196,7 @@ void ChannelIntScores(const IntFormat& f, int64_t dim, const uint8_t* rows, int6
   alignas(64) float s[kMaxCodecHeadDim], o[kMaxCodecHeadDim];
   alignas(64) float q_scaled[kMaxHeadsPerPass * kMaxCodecHeadDim];  // [heads, dim]
   float bias[kMaxHeadsPerPass];
-  QuantizedPass pass;
+  alignas(64) uint8_t prepared[kPreparedPassBytes];
   for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
     const uint8_t* tile = rows + static_cast<size_t>(t0) * f.RowBytes(dim);
     const int64_t count = std::min(tile_tokens, n - t0);
@@ -221,14 +221,10 @@ void ChannelIntScores(const IntFormat& f, int64_t dim, const uint8_t* rows, int6
         }
         bias[h] = hn::GetLane(hn::SumOfLanes(df, vbias));
       }
-      QuantizeQueryHeads(q_scaled, pass_heads, dim, kChannelQueryGroup, pass.q8, pass.qscale,
-                         pass.qsum);
-      if constexpr (!kByteDot) BuildQueryWords<kBits>(pass.q8, pass_heads, dim, pass.words);
-      WithHeadCount(pass_heads, [&](auto k) {
-        IntDotPass<decltype(k)::value, kBits, false, false, false>(
-            layout, tile + param_bytes, count, pass.q8, pass.words, pass.qscale, pass.qsum, scale,
-            scores + h0 * stride + t0, stride, nullptr, bias);
-      });
+      PrepareQueryHeads<kBits>(layout, q_scaled, pass_heads, prepared);
+      IntDotScoresPrepared<kBits, false, /*kRowParams=*/false>(
+          layout, tile + param_bytes, count, prepared, pass_heads, scale, scores + h0 * stride + t0,
+          stride, bias);
     }
   }
 }

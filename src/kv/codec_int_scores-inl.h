@@ -87,7 +87,7 @@ HWY_INLINE hn::Vec<RowTagI> MulPairsAdd(hn::Vec<RowTagI> pairs, int32_t word, hn
 
 // int32 words per query head on the pair path: two int16 pairs per (code
 // dword, field). The byte dot reads its 4 q8 bytes straight from q8.
-inline int64_t QueryWordsPerHead(int64_t dim) { return dim / 2; }
+constexpr int64_t QueryWordsPerHead(int64_t dim) { return dim / 2; }
 
 // Element index of byte 0 of field f of code dword w (codec.h's packing).
 template <int kBits>
@@ -304,49 +304,15 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
   }
 }
 
-// Query heads of one pass (<= kMaxHeadsPerPass), quantized.
-struct QuantizedPass {
-  alignas(64) int8_t q8[kMaxHeadsPerPass * kMaxCodecHeadDim];          // [heads, dim]
-  alignas(64) int32_t words[kMaxHeadsPerPass * kMaxCodecHeadDim / 2];  // [heads, per_head]
-  float qscale[kMaxHeadsPerPass * kMaxParamGroups];                    // [heads, groups]
-  int32_t qsum[kMaxHeadsPerPass * kMaxParamGroups];                    // [heads, groups]
-};
-
-// Scores of `heads` query heads (q: [heads, dim], f32) or, with kDotsOnly,
-// the raw dots of already-quantized heads (q8: [heads, dim]) into dots.
-template <int kBits, bool kSymmetric, bool kDotsOnly>
-void IntDotScores(const IntRowLayout& L, const uint8_t* rows, int64_t n, const float* q,
-                  const int8_t* q8_in, int64_t heads, float scale, float* scores, int64_t stride,
-                  int32_t* dots) {
-  if (n <= 0) return;
-  QuantizedPass pass;
-  for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
-    const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
-    const int8_t* q8 = pass.q8;
-    if constexpr (kDotsOnly) {
-      q8 = q8_in + h0 * L.dim;
-    } else {
-      QuantizeQueryHeads(q + h0 * L.dim, count, L.dim, L.group, pass.q8, pass.qscale, pass.qsum);
-    }
-    if constexpr (!kByteDot) BuildQueryWords<kBits>(q8, count, L.dim, pass.words);
-    WithHeadCount(count, [&](auto k) {
-      IntDotPass<decltype(k)::value, kBits, kSymmetric, kDotsOnly>(
-          L, rows, n, q8, pass.words, pass.qscale, pass.qsum, scale,
-          kDotsOnly ? nullptr : scores + h0 * stride, stride,
-          kDotsOnly ? dots + h0 * n * L.groups : nullptr);
-    });
-  }
-}
-
-// A query prepared once per attention call (KvCodec::PrepareQuery): every
-// head's q8, pair-path words, qscale and qsum, laid out as QuantizedPass per
-// head but for all heads. Offsets are 64-byte aligned inside the buffer.
+// A quantized query (KvCodec::PrepareQuery, and each pass of IntDotScores):
+// every head's q8, pair-path words, qscale and qsum. Offsets are 64-byte
+// aligned inside the buffer.
 struct PreparedLayout {
   size_t q8, words, qscale, qsum, bytes;
 };
-inline PreparedLayout PreparedQueryLayout(int64_t heads, int64_t dim, int64_t groups) {
+constexpr PreparedLayout PreparedQueryLayout(int64_t heads, int64_t dim, int64_t groups) {
   auto up = [](size_t x) { return (x + 63) / 64 * 64; };
-  PreparedLayout p;
+  PreparedLayout p{};
   p.q8 = 0;
   p.words = up(static_cast<size_t>(heads * dim));
   p.qscale = p.words + up(static_cast<size_t>(heads * QueryWordsPerHead(dim)) * 4);
@@ -354,8 +320,12 @@ inline PreparedLayout PreparedQueryLayout(int64_t heads, int64_t dim, int64_t gr
   p.bytes = p.qsum + up(static_cast<size_t>(heads * groups) * 4);
   return p;
 }
+// Bytes of one pass of kMaxHeadsPerPass heads of any codec shape (a stack buffer).
+inline constexpr size_t kPreparedPassBytes =
+    PreparedQueryLayout(kMaxHeadsPerPass, kMaxCodecHeadDim, kMaxParamGroups).bytes;
 
-// The quantization IntDotScores does per call, for all heads at once.
+// Quantizes `heads` query heads (q: [heads, dim]) into `prepared`, per pass
+// of kMaxHeadsPerPass heads as the dot passes read them.
 template <int kBits>
 void PrepareQueryHeads(const IntRowLayout& L, const float* q, int64_t heads, uint8_t* prepared) {
   const PreparedLayout P = PreparedQueryLayout(heads, L.dim, L.groups);
@@ -373,11 +343,12 @@ void PrepareQueryHeads(const IntRowLayout& L, const float* q, int64_t heads, uin
   }
 }
 
-// IntDotScores over a prepared query: the same passes on the same numbers.
-template <int kBits, bool kSymmetric>
+// Scores of rows [0, n) for a prepared query of `heads` heads. Without
+// kRowParams (per-channel tiles): score = scale * (bias[h] + sum_g qscale I_g).
+template <int kBits, bool kSymmetric, bool kRowParams = true>
 void IntDotScoresPrepared(const IntRowLayout& L, const uint8_t* rows, int64_t n,
                           const uint8_t* prepared, int64_t heads, float scale, float* scores,
-                          int64_t stride) {
+                          int64_t stride, const float* bias = nullptr) {
   if (n <= 0) return;
   const PreparedLayout P = PreparedQueryLayout(heads, L.dim, L.groups);
   const auto* q8 = reinterpret_cast<const int8_t*>(prepared + P.q8);
@@ -387,11 +358,43 @@ void IntDotScoresPrepared(const IntRowLayout& L, const uint8_t* rows, int64_t n,
   for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
     const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
     WithHeadCount(count, [&](auto k) {
-      IntDotPass<decltype(k)::value, kBits, kSymmetric, false>(
+      IntDotPass<decltype(k)::value, kBits, kSymmetric, false, kRowParams>(
           L, rows, n, q8 + h0 * L.dim, words + h0 * QueryWordsPerHead(L.dim),
           qscale + h0 * L.groups, qsum + h0 * L.groups, scale, scores + h0 * stride, stride,
-          nullptr);
+          nullptr, kRowParams ? nullptr : bias + h0);
     });
+  }
+}
+
+// Scores of `heads` query heads (q: [heads, dim], f32), quantized one pass
+// at a time into a stack buffer; or, with kDotsOnly, the raw dots of
+// already-quantized heads (q8: [heads, dim]) into dots.
+template <int kBits, bool kSymmetric, bool kDotsOnly>
+void IntDotScores(const IntRowLayout& L, const uint8_t* rows, int64_t n, const float* q,
+                  const int8_t* q8_in, int64_t heads, float scale, float* scores, int64_t stride,
+                  int32_t* dots) {
+  if (n <= 0) return;
+  if constexpr (!kDotsOnly) {
+    alignas(64) uint8_t prepared[kPreparedPassBytes];
+    for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
+      const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
+      PrepareQueryHeads<kBits>(L, q + h0 * L.dim, count, prepared);
+      IntDotScoresPrepared<kBits, kSymmetric>(L, rows, n, prepared, count, scale,
+                                              scores + h0 * stride, stride);
+    }
+  } else {
+    (void)q;
+    alignas(64) int32_t words[kMaxHeadsPerPass * kMaxCodecHeadDim / 2];  // [heads, per_head]
+    for (int64_t h0 = 0; h0 < heads; h0 += kMaxHeadsPerPass) {
+      const int64_t count = std::min(kMaxHeadsPerPass, heads - h0);
+      const int8_t* q8 = q8_in + h0 * L.dim;
+      if constexpr (!kByteDot) BuildQueryWords<kBits>(q8, count, L.dim, words);
+      WithHeadCount(count, [&](auto k) {
+        IntDotPass<decltype(k)::value, kBits, kSymmetric, true>(L, rows, n, q8, words, nullptr,
+                                                                nullptr, scale, nullptr, stride,
+                                                                dots + h0 * n * L.groups);
+      });
+    }
   }
 }
 

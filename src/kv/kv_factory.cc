@@ -34,6 +34,7 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
   layout.layers.resize(static_cast<size_t>(shape.num_layers));
   int64_t tile_multiple = 1;
   size_t side_per_head = 0;
+  bool any_pre_rope = false;
   const size_t staging_row = static_cast<size_t>(shape.head_dim) * 2;  // one f16 row
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     const KvLayerTypes& types = layer_types[static_cast<size_t>(l)];
@@ -54,6 +55,7 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
       return Status::Error("KV cache type '" + types.k_type +
                            "': storing K before RoPE needs the model's RoPE parameters");
     }
+    any_pre_rope = any_pre_rope || ks.pre_rope;
     tile_multiple = std::lcm(tile_multiple, std::lcm(ks.tile_tokens, vs.tile_tokens));
     KvLayerLayout& layer = layout.layers[static_cast<size_t>(l)];
     layer.k_row_bytes = (*k_codec)->RowBytes();
@@ -83,6 +85,10 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
   layout.v_tile_bytes = layout.layers[0].v_tile_bytes;
   layout.block_bytes = offset;
   layout.side_bytes = static_cast<size_t>(shape.num_kv_heads) * side_per_head;
+  if (any_pre_rope) {
+    layout.side_bytes +=
+        ops::RopeTable::Bytes(shape.head_dim, options.max_tokens, layout.block_tokens);
+  }
   layout.staging_blocks =
       static_cast<int64_t>((layout.staging_bytes + layout.block_bytes - 1) / layout.block_bytes);
   size_t budget = options.memory_bytes;

@@ -49,7 +49,10 @@ struct KvCacheOptions {
 // 64-byte aligned). With block_tokens a multiple of 16 and row sizes a
 // multiple of 4 bytes (every codec kvq ships) the padding is zero.
 // Side data (per codec instance, e.g. an fp8 scale) is allocated once per
-// cache, not per block: side_bytes = layers * kv_heads * (K + V side bytes).
+// cache, not per block: side_bytes = layers * kv_heads * (K + V side bytes),
+// plus, when any layer keeps K before RoPE, the cos/sin table attention
+// rotates those keys with (ops::RopeTable::Bytes for max_tokens, one coarse
+// row per block).
 // With a per-layer policy the layers' tiles differ in size; block_tokens is
 // then rounded up to a multiple of every codec's tile (per-channel groups).
 //

@@ -92,6 +92,13 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   if (!options.policy.empty()) cache->type_name_ = "policy[" + layer_names + "]";
   KVQ_ASSIGN_OR_RETURN(cache->f16_codec_, ParseKvCodec("f16", shape.head_dim));
   KVQ_ASSIGN_OR_RETURN(cache->f32_codec_, ParseKvCodec("f32", shape.head_dim));
+  for (const auto& codec : cache->k_codecs_) {
+    if (!codec->streaming().pre_rope || cache->rope_table_) continue;
+    // One coarse row per block: the table is what ComputeKvLayout counted.
+    KVQ_ASSIGN_OR_RETURN(cache->rope_table_,
+                         ops::RopeTable::Make(shape.rope_layout, shape.rope_inv_freq,
+                                              options.max_tokens, layout.block_tokens));
+  }
   const size_t instances = cache->k_codecs_.size();
   cache->k_calibrated_.assign(instances, 0);
   cache->v_calibrated_.assign(instances, 0);
@@ -590,7 +597,6 @@ void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, i
   if (st.Plain()) {
     return codec.ScoresPrepared(tile, count, q, prepared, rows, scale, scores, stride);
   }
-  const int64_t dim = shape_.head_dim;
   // Tokens [first, first + n) stored as n rows of `rows_codec` at `data`.
   auto score = [&](const KvCodec& rows_codec, const uint8_t* data, int64_t first, int64_t n) {
     float* out = scores + (first - t0);
@@ -602,10 +608,7 @@ void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, i
     }
     // K was stored before RoPE: rotate the decoded rows to their positions.
     rows_codec.Decode(data, n, scratch);  // [n, dim]
-    std::vector<int32_t> positions(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(first + i);
-    ops::Rope(shape_.rope_layout, shape_.rope_inv_freq.data(), positions.data(), n, 1, dim,
-              scratch);
+    rope_table_->Apply(first, n, scratch);
     f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), n, q, rows, scale, out, stride);
   };
   const Staging& staging = StagingOf(s, layer, /*is_v=*/false);

@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,8 @@ class PagedKvCache final : public KvCache {
   std::vector<std::unique_ptr<KvCodec>> k_codecs_, v_codecs_;
   std::unique_ptr<KvCodec> f16_codec_, f32_codec_;  // staging rows; RoPE'd decoded rows
   bool any_streaming_ = false;
+  // cos/sin for every position, when some layer keeps K before RoPE.
+  std::optional<ops::RopeTable> rope_table_;
   std::vector<char> k_calibrated_, v_calibrated_;
   std::map<SeqId, Sequence> sequences_;
 

@@ -19,67 +19,109 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-void RopeImpl(RopeLayout layout, const float* HWY_RESTRICT inv_freq,
-              const int32_t* HWY_RESTRICT positions, int64_t n_tokens, int64_t n_heads,
-              int64_t head_dim, float* HWY_RESTRICT x) {
+// Rotates one row v[head_dim] by per-pair cos_t/sin_t (kHalves: [half];
+// kPairs: expanded to [head_dim], cos duplicated, sin as (-s, +s)).
+HWY_INLINE void RotateRow(RopeLayout layout, const float* HWY_RESTRICT cos_t,
+                          const float* HWY_RESTRICT sin_t, int64_t head_dim, float* HWY_RESTRICT v) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t half = head_dim / 2;
-  // Per token, shared by all heads. kHalves reads cos/sin[half]; kPairs
-  // reads them expanded to [head_dim]: cos duplicated, sin as (-s, +s).
+  int64_t i = 0;
+  if (layout == RopeLayout::kHalves) {
+    // (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) for x1 = v[i], x2 = v[i + half].
+    for (; i + lanes <= half; i += lanes) {
+      const VF x1 = hn::LoadU(df, v + i);
+      const VF x2 = hn::LoadU(df, v + half + i);
+      const VF c = hn::Load(df, cos_t + i);
+      const VF s = hn::Load(df, sin_t + i);
+      hn::StoreU(hn::NegMulAdd(x2, s, hn::Mul(x1, c)), df, v + i);
+      hn::StoreU(hn::MulAdd(x1, s, hn::Mul(x2, c)), df, v + half + i);
+    }
+    for (; i < half; ++i) {
+      const float x1 = v[i], x2 = v[i + half];
+      v[i] = x1 * cos_t[i] - x2 * sin_t[i];
+      v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
+    }
+    return;
+  }
+#if HWY_TARGET != HWY_SCALAR
+  // out = v * cos + swap_pairs(v) * (-s, +s); pairs never straddle a
+  // 128-bit block, so Shuffle2301 (per-block swap) is exact.
+  for (; i + lanes <= head_dim; i += lanes) {
+    const VF xv = hn::LoadU(df, v + i);
+    const VF c = hn::Load(df, cos_t + i);
+    const VF s = hn::Load(df, sin_t + i);
+    hn::StoreU(hn::MulAdd(hn::Shuffle2301(xv), s, hn::Mul(xv, c)), df, v + i);
+  }
+#endif
+  for (; i < head_dim; i += 2) {
+    const float x0 = v[i], x1 = v[i + 1];
+    v[i] = x0 * cos_t[i] + x1 * sin_t[i];
+    v[i + 1] = x1 * cos_t[i + 1] + x0 * sin_t[i + 1];
+  }
+}
+
+// Stores pair i's (c, s) where RotateRow reads it for `layout`.
+HWY_INLINE void PutPair(RopeLayout layout, int64_t i, float c, float s, float* cos_t,
+                        float* sin_t) {
+  if (layout == RopeLayout::kHalves) {
+    cos_t[i] = c;
+    sin_t[i] = s;
+  } else {
+    cos_t[2 * i] = cos_t[2 * i + 1] = c;
+    sin_t[2 * i] = -s;
+    sin_t[2 * i + 1] = s;
+  }
+}
+
+void RopeImpl(RopeLayout layout, const float* HWY_RESTRICT inv_freq,
+              const int32_t* HWY_RESTRICT positions, int64_t n_tokens, int64_t n_heads,
+              int64_t head_dim, float* HWY_RESTRICT x) {
+  const int64_t half = head_dim / 2;
+  // Per token, shared by all heads.
   HWY_ALIGN float cos_t[kMaxRopeHeadDim];
   HWY_ALIGN float sin_t[kMaxRopeHeadDim];
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {
       const float angle = pos * inv_freq[i];  // f32 product, as HF
-      const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
-      const float s = static_cast<float>(std::sin(static_cast<double>(angle)));
-      if (layout == RopeLayout::kHalves) {
-        cos_t[i] = c;
-        sin_t[i] = s;
-      } else {
-        cos_t[2 * i] = cos_t[2 * i + 1] = c;
-        sin_t[2 * i] = -s;
-        sin_t[2 * i + 1] = s;
-      }
+      PutPair(layout, i, static_cast<float>(std::cos(static_cast<double>(angle))),
+              static_cast<float>(std::sin(static_cast<double>(angle))), cos_t, sin_t);
     }
     for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * head_dim;
-      int64_t i = 0;
-      if (layout == RopeLayout::kHalves) {
-        // (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) for x1 = v[i], x2 = v[i + half].
-        for (; i + lanes <= half; i += lanes) {
-          const VF x1 = hn::LoadU(df, v + i);
-          const VF x2 = hn::LoadU(df, v + half + i);
-          const VF c = hn::Load(df, cos_t + i);
-          const VF s = hn::Load(df, sin_t + i);
-          hn::StoreU(hn::NegMulAdd(x2, s, hn::Mul(x1, c)), df, v + i);
-          hn::StoreU(hn::MulAdd(x1, s, hn::Mul(x2, c)), df, v + half + i);
-        }
-        for (; i < half; ++i) {
-          const float x1 = v[i], x2 = v[i + half];
-          v[i] = x1 * cos_t[i] - x2 * sin_t[i];
-          v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
-        }
-      } else {
-#if HWY_TARGET != HWY_SCALAR
-        // out = v * cos + swap_pairs(v) * (-s, +s); pairs never straddle a
-        // 128-bit block, so Shuffle2301 (per-block swap) is exact.
-        for (; i + lanes <= head_dim; i += lanes) {
-          const VF xv = hn::LoadU(df, v + i);
-          const VF c = hn::Load(df, cos_t + i);
-          const VF s = hn::Load(df, sin_t + i);
-          hn::StoreU(hn::MulAdd(hn::Shuffle2301(xv), s, hn::Mul(xv, c)), df, v + i);
-        }
-#endif
-        for (; i < head_dim; i += 2) {
-          const float x0 = v[i], x1 = v[i + 1];
-          v[i] = x0 * cos_t[i] + x1 * sin_t[i];
-          v[i + 1] = x1 * cos_t[i + 1] + x0 * sin_t[i + 1];
-        }
+      RotateRow(layout, cos_t, sin_t, head_dim, x + (t * n_heads + h) * head_dim);
+    }
+  }
+}
+
+// coarse/fine rows: [2, half] (cos, then sin); see RopeTable.
+void RopeTableApplyImpl(RopeLayout layout, const float* HWY_RESTRICT coarse,
+                        const float* HWY_RESTRICT fine, int64_t half, int64_t step, int64_t first,
+                        int64_t n, float* HWY_RESTRICT x) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t head_dim = 2 * half;
+  HWY_ALIGN float cos_t[kMaxRopeHeadDim];
+  HWY_ALIGN float sin_t[kMaxRopeHeadDim];
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t p = first + t;
+    const float* cc = coarse + (p / step) * 2 * half;  // cos, sin of the coarse angle
+    const float* ff = fine + (p % step) * 2 * half;    // cos, sin of the fine angle
+    int64_t i = 0;
+    if (layout == RopeLayout::kHalves) {
+      // cos(a + b) = ca cb - sa sb; sin(a + b) = sa cb + ca sb.
+      for (; i + lanes <= half; i += lanes) {
+        const VF ca = hn::LoadU(df, cc + i), sa = hn::LoadU(df, cc + half + i);
+        const VF cb = hn::LoadU(df, ff + i), sb = hn::LoadU(df, ff + half + i);
+        hn::Store(hn::NegMulAdd(sa, sb, hn::Mul(ca, cb)), df, cos_t + i);
+        hn::Store(hn::MulAdd(ca, sb, hn::Mul(sa, cb)), df, sin_t + i);
       }
     }
+    for (; i < half; ++i) {
+      const float ca = cc[i], sa = cc[half + i], cb = ff[i], sb = ff[half + i];
+      PutPair(layout, i, ca * cb - sa * sb, sa * cb + ca * sb, cos_t, sin_t);
+    }
+    RotateRow(layout, cos_t, sin_t, head_dim, x + t * head_dim);
   }
 }
 
@@ -91,6 +133,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvq::ops {
 
 HWY_EXPORT(RopeImpl);
+HWY_EXPORT(RopeTableApplyImpl);
 
 StatusOr<std::vector<float>> RopeInvFreq(int64_t head_dim, float theta,
                                          const RopeScaling& scaling) {
@@ -193,6 +236,48 @@ void RopeRef(RopeLayout layout, const float* inv_freq, const int32_t* positions,
       }
     }
   }
+}
+
+size_t RopeTable::Bytes(int64_t head_dim, int64_t max_positions, int64_t step) {
+  const int64_t rows = (max_positions + step - 1) / step + step;
+  return static_cast<size_t>(rows * head_dim) * sizeof(float);
+}
+
+StatusOr<RopeTable> RopeTable::Make(RopeLayout layout, const std::vector<float>& inv_freq,
+                                    int64_t max_positions, int64_t step) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  if (half <= 0 || 2 * half > kMaxRopeHeadDim) {
+    return Status::Error("rope table: " + std::to_string(half) +
+                         " inverse frequencies (head_dim / 2) outside [1, 512]");
+  }
+  if (max_positions <= 0 || step <= 0) {
+    return Status::Error("rope table: max_positions and step must be positive");
+  }
+  RopeTable table;
+  table.layout_ = layout;
+  table.half_ = half;
+  table.step_ = step;
+  table.max_positions_ = max_positions;
+  // Rope's values at position p: HF's f32 angle, cos/sin rounded from double.
+  auto fill = [&](std::vector<float>& rows, int64_t count, int64_t stride) {
+    rows.resize(static_cast<size_t>(count * 2 * half));
+    for (int64_t r = 0; r < count; ++r) {
+      const float pos = static_cast<float>(r * stride);
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(pos * inv_freq[static_cast<size_t>(i)]);
+        rows[static_cast<size_t>((2 * r) * half + i)] = static_cast<float>(std::cos(angle));
+        rows[static_cast<size_t>((2 * r + 1) * half + i)] = static_cast<float>(std::sin(angle));
+      }
+    }
+  };
+  fill(table.coarse_, (max_positions + step - 1) / step, step);
+  fill(table.fine_, step, 1);
+  return table;
+}
+
+void RopeTable::Apply(int64_t first, int64_t n, float* x) const {
+  HWY_DYNAMIC_DISPATCH(RopeTableApplyImpl)
+  (layout_, coarse_.data(), fine_.data(), half_, step_, first, n, x);
 }
 
 }  // namespace kvq::ops

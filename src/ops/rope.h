@@ -11,6 +11,7 @@
 // their comparison tests rotation arithmetic, not angle conventions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -56,5 +57,40 @@ void Rope(RopeLayout layout, const float* inv_freq, const int32_t* positions, in
           int64_t n_heads, int64_t head_dim, float* x);
 void RopeRef(RopeLayout layout, const float* inv_freq, const int32_t* positions, int64_t n_tokens,
              int64_t n_heads, int64_t head_dim, float* x);
+
+// cos/sin of every RoPE angle for positions [0, max_positions), for code
+// that rotates many stored rows per step (a cache that keeps K before RoPE
+// rotates every cached key at every decode step; Rope's two double-precision
+// trig calls per channel pair would cost ~20x the attention itself).
+//
+// Factored to stay small: position p = c * step + f uses a coarse row for
+// c * step and a fine row for f (angle-addition formulas in f32), so the
+// table holds ceil(max_positions / step) + step rows of head_dim floats
+// instead of max_positions rows. Both rows are Rope's values (HF's f32 angle
+// of their position, cos/sin rounded from double), so Apply equals Rope at
+// multiples of step, and elsewhere differs from it by the f32 rounding of
+// the angle (|f32(p * inv_freq) - (f32(c step inv_freq) + f32(f inv_freq))|
+// <= 1.5 ulp of the angle) plus a few f32 ulps of the products.
+class RopeTable {
+ public:
+  // Errors: inv_freq empty or longer than kMaxRopeHeadDim / 2,
+  // max_positions or step not positive.
+  static StatusOr<RopeTable> Make(RopeLayout layout, const std::vector<float>& inv_freq,
+                                  int64_t max_positions, int64_t step);
+  // What Make allocates for head_dim = 2 * inv_freq.size(), in bytes.
+  static size_t Bytes(int64_t head_dim, int64_t max_positions, int64_t step);
+
+  int64_t max_positions() const { return max_positions_; }
+  // Rotates x[n, head_dim] (rows of one head) in place; row i takes
+  // position first + i; first + n <= max_positions.
+  void Apply(int64_t first, int64_t n, float* x) const;
+
+ private:
+  RopeTable() = default;
+  RopeLayout layout_ = RopeLayout::kHalves;
+  int64_t half_ = 0, step_ = 0, max_positions_ = 0;
+  std::vector<float> coarse_;  // [ceil(max_positions / step), 2, half]: cos, sin of c * step
+  std::vector<float> fine_;    // [step, 2, half]: cos, sin of f
+};
 
 }  // namespace kvq::ops

@@ -183,5 +183,62 @@ TEST_P(RopeTest, ClosedFormProperties) {
   }
 }
 
+// RopeTable (coarse rows per `step` positions times fine rows) against
+// Rope: bit-identical at multiples of step (the fine row is cos 1, sin 0
+// there), and elsewhere within the rounding of the angle, which the factoring
+// changes: Rope rotates by a = f32(p inv), the table by f32(c step inv) +
+// f32(f inv); both are within half an ulp of the exact angle p inv (C and F
+// are smaller than p inv, so their ulps are too), so |a - a_table| <=
+// 1.5 ulp(a). A pair (x1, x2) rotated by angles that differ by d moves by
+// |d| * |(x1, x2)|; the table's cos/sin products and the rotation add a few
+// eps (8 eps of |x1| + |x2| covers them with margin).
+TEST_P(RopeTest, TableMatchesRopeWithinAngleRounding) {
+  std::mt19937 rng(43);
+  for (RopeLayout layout : {RopeLayout::kHalves, RopeLayout::kPairs}) {
+    for (int64_t head_dim : {2, 34, 64, 128}) {
+      for (int64_t step : {1, 16, 48}) {
+        const auto inv = RopeInvFreq(head_dim, 1e6f, RopeScaling{});
+        ASSERT_TRUE(inv.ok());
+        const int64_t max_positions = 40000, half = head_dim / 2;
+        auto table = RopeTable::Make(layout, *inv, max_positions, step);
+        ASSERT_TRUE(table.ok()) << table.status().message();
+        EXPECT_EQ(RopeTable::Bytes(head_dim, max_positions, step),
+                  static_cast<size_t>(((max_positions + step - 1) / step + step) * head_dim * 4));
+        // A run of rows across a coarse boundary, near 0 and near the end.
+        for (int64_t first : {int64_t{0}, int64_t{700} * step - 7, max_positions - 37}) {
+          const int64_t n = 37;
+          const std::vector<float> x = RandomVector(rng, n * head_dim, 4.0f);
+          std::vector<float> y = x, rope = x;
+          std::vector<int32_t> pos(n);
+          for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(first + t);
+          table->Apply(first, n, y.data());
+          Rope(layout, inv->data(), pos.data(), n, 1, head_dim, rope.data());
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t i = 0; i < half; ++i) {
+              const int64_t a = t * head_dim + (layout == RopeLayout::kHalves ? i : 2 * i);
+              const int64_t b =
+                  t * head_dim + (layout == RopeLayout::kHalves ? i + half : 2 * i + 1);
+              if (pos[t] % step == 0) {
+                ASSERT_EQ(y[a], rope[a]) << "position " << pos[t];
+                ASSERT_EQ(y[b], rope[b]) << "position " << pos[t];
+                continue;
+              }
+              const float angle = static_cast<float>(pos[t]) * (*inv)[i];
+              const double ulp = std::nextafter(angle, INFINITY) - angle;
+              const double size = std::hypot(x[a], x[b]);
+              const double tol = 1.5 * ulp * size + 8 * kEps * (std::fabs(x[a]) + std::fabs(x[b]));
+              ASSERT_NEAR(y[a], rope[a], tol) << "position " << pos[t] << " pair " << i;
+              ASSERT_NEAR(y[b], rope[b], tol) << "position " << pos[t] << " pair " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(RopeTable::Make(RopeLayout::kHalves, {}, 10, 1).ok());
+  EXPECT_FALSE(RopeTable::Make(RopeLayout::kHalves, {1.0f}, 0, 1).ok());
+  EXPECT_FALSE(RopeTable::Make(RopeLayout::kHalves, {1.0f}, 10, 0).ok());
+}
+
 }  // namespace
 }  // namespace kvq::ops

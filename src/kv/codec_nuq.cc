@@ -56,11 +56,14 @@ HWY_INLINE float NuqHalf(const uint8_t* p) {
   return F16ToF32(bits);
 }
 
-// Row format for the shared kernels (codec_kernels-inl.h). 2- and 3-bit
-// codes decode 8 lanes per load (8 code bytes per 32 values), 4-bit 16.
+// Row format for the shared kernels (codec_kernels-inl.h). 4-bit codes
+// decode 16 lanes per load; 2- and 3-bit codes (8 code bytes per 32 values,
+// element e in byte e % 8) 16 on AVX-512, where one vector takes the same 8
+// bytes twice with per-half shifts, else 8.
 template <int kBits, bool kIsV>
 struct NuqFmt {
-  using D = hn::CappedTag<float, kBits == 4 ? 16 : 8>;
+  static constexpr bool kWide = kBits == 4 || HWY_TARGET <= HWY_AVX3;
+  using D = hn::CappedTag<float, kWide ? 16 : 8>;
   int64_t head_dim;
   size_t row_bytes;
   int64_t code_bytes, values_offset, channels_offset, slots;
@@ -82,7 +85,32 @@ struct NuqFmt {
     if constexpr (kBits == 4) {
       const auto raw = hn::PromoteTo(di, hn::LoadU(du8, row + (i >> 5) * 16 + (within & 15)));
       u = within < 16 ? hn::And(raw, hn::Set(di, 0xF)) : hn::ShiftRight<4>(raw);
-    } else {
+    }
+#if HWY_TARGET <= HWY_AVX3
+    else if constexpr (kWide) {
+      // Lanes 0-7: elements within + 0..7 (field within / 8 of bytes 0-7),
+      // lanes 8-15: the next field of the same bytes.
+      constexpr int64_t kBlockBytes = kBits == 3 ? 12 : 8;
+      const uint8_t* block = row + (i >> 5) * kBlockBytes;
+      const hn::Half<decltype(di)> dh;
+      const auto bytes = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, decltype(dh)>(), block));
+      alignas(64) static constexpr int32_t kHalfShift[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                             2, 2, 2, 2, 2, 2, 2, 2};
+      const int field = static_cast<int>(within >> 3);
+      const auto shift = hn::Add(hn::Load(di, kHalfShift), hn::Set(di, 2 * field));
+      u = hn::And(hn::Shr(hn::Combine(di, bytes, bytes), shift), hn::Set(di, 3));
+      if constexpr (kBits == 3) {
+        // Element 8m + j is bit j of high-bit byte m.
+        alignas(64) static constexpr int32_t kLaneBit[16] = {1, 2, 4, 8, 16, 32, 64, 128,
+                                                             1, 2, 4, 8, 16, 32, 64, 128};
+        const auto high =
+            hn::Combine(di, hn::Set(dh, block[8 + field + 1]), hn::Set(dh, block[8 + field]));
+        const auto set = hn::TestBit(high, hn::Load(di, kLaneBit));
+        u = hn::Or(u, hn::IfThenElseZero(set, hn::Set(di, 4)));
+      }
+    }
+#endif
+    else {
       constexpr int64_t kBlockBytes = kBits == 3 ? 12 : 8;
       const uint8_t* block = row + (i >> 5) * kBlockBytes;
       const int shift = static_cast<int>(2 * (within >> 3));

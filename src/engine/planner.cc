@@ -127,7 +127,7 @@ StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& opti
 
 double ExactKvBytes(const KvLayout& layout, int64_t batch, int64_t tokens) {
   return static_cast<double>(batch) * static_cast<double>(layout.SequenceBytes(tokens)) +
-         static_cast<double>(layout.side_bytes);
+         static_cast<double>(layout.SideBytesFor(tokens));
 }
 
 double NominalKvBytes(const KvTypePlan& plan, int64_t batch, int64_t tokens) {
@@ -140,7 +140,11 @@ FitAnswer PlanFit(const KvLayout& layout, double weight_bytes, double memory_byt
   a.kv_bytes = ExactKvBytes(layout, batch, context);
   a.total_bytes = a.kv_bytes + weight_bytes;
   a.fits = a.total_bytes <= memory_bytes;
-  const double room = memory_bytes - weight_bytes - static_cast<double>(layout.side_bytes);
+  // Side data as for a cache made for `context` (max_context below keeps
+  // that side data: the RoPE table of a pre-RoPE cache grows with its
+  // context by a row per block, a rounding error of max_context).
+  const double room =
+      memory_bytes - weight_bytes - static_cast<double>(layout.SideBytesFor(context));
   const double block = static_cast<double>(layout.block_bytes);
   if (room > 0 && block > 0 && batch > 0) {
     // Each sequence first pays its staging blocks (residual windows, sinks).

@@ -56,8 +56,9 @@ struct KvTypePlan {
 };
 StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& options);
 
-// Bytes the paged cache allocates for `batch` sequences of `tokens` each:
-// every sequence rounds up to whole blocks, plus the per-cache side data.
+// Bytes the paged cache allocates for `batch` sequences of `tokens` each
+// (made with max_tokens = tokens): every sequence rounds up to whole blocks,
+// plus the per-cache side data.
 double ExactKvBytes(const KvLayout& layout, int64_t batch, int64_t tokens);
 double NominalKvBytes(const KvTypePlan& plan, int64_t batch, int64_t tokens);
 

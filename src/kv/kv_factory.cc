@@ -84,11 +84,9 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
   layout.k_tile_bytes = layout.layers[0].k_tile_bytes;
   layout.v_tile_bytes = layout.layers[0].v_tile_bytes;
   layout.block_bytes = offset;
-  layout.side_bytes = static_cast<size_t>(shape.num_kv_heads) * side_per_head;
-  if (any_pre_rope) {
-    layout.side_bytes +=
-        ops::RopeTable::Bytes(shape.head_dim, options.max_tokens, layout.block_tokens);
-  }
+  layout.codec_side_bytes = static_cast<size_t>(shape.num_kv_heads) * side_per_head;
+  layout.rope_table_head_dim = any_pre_rope ? shape.head_dim : 0;
+  layout.side_bytes = layout.SideBytesFor(options.max_tokens);
   layout.staging_blocks =
       static_cast<int64_t>((layout.staging_bytes + layout.block_bytes - 1) / layout.block_bytes);
   size_t budget = options.memory_bytes;

@@ -76,12 +76,23 @@ struct KvLayout {
   size_t k_tile_bytes = 0;
   size_t v_tile_bytes = 0;
   std::vector<KvLayerLayout> layers;  // [num_layers]
-  size_t block_bytes = 0;    // one block: every layer, K and V, every KV head, block_tokens tokens
-  size_t side_bytes = 0;     // per-cache side data (e.g. fp8 scales), allocated once
-  size_t staging_bytes = 0;  // per sequence: f16 residual windows and sinks
-  int64_t staging_blocks = 0;  // blocks charged per sequence for staging_bytes
-  int64_t num_blocks = 0;      // blocks that fit memory_bytes after side_bytes
+  size_t block_bytes = 0;  // one block: every layer, K and V, every KV head, block_tokens tokens
+  size_t side_bytes = 0;   // per-cache side data (e.g. fp8 scales), allocated once:
+                           // SideBytesFor(options.max_tokens)
+  size_t codec_side_bytes = 0;      // the part of it every codec instance holds
+  int64_t rope_table_head_dim = 0;  // > 0: a pre-RoPE K codec's RopeTable is side data too
+  size_t staging_bytes = 0;         // per sequence: f16 residual windows and sinks
+  int64_t staging_blocks = 0;       // blocks charged per sequence for staging_bytes
+  int64_t num_blocks = 0;           // blocks that fit memory_bytes after side_bytes
   double BytesPerToken() const { return static_cast<double>(block_bytes) / block_tokens; }
+  // Side data of a cache made for sequences of up to max_tokens tokens (the
+  // RoPE table grows with it; codec side data does not).
+  size_t SideBytesFor(int64_t max_tokens) const {
+    return codec_side_bytes +
+           (rope_table_head_dim > 0
+                ? ops::RopeTable::Bytes(rope_table_head_dim, max_tokens, block_tokens)
+                : 0);
+  }
   // Bytes a sequence of `tokens` tokens holds: its blocks and its staging.
   size_t SequenceBytes(int64_t tokens) const {
     const int64_t blocks = (tokens + block_tokens - 1) / block_tokens + staging_blocks;

@@ -22,7 +22,8 @@ using VF = hn::Vec<DF>;
 // Rotates one row v[head_dim] by per-pair cos_t/sin_t (kHalves: [half];
 // kPairs: expanded to [head_dim], cos duplicated, sin as (-s, +s)).
 HWY_INLINE void RotateRow(RopeLayout layout, const float* HWY_RESTRICT cos_t,
-                          const float* HWY_RESTRICT sin_t, int64_t head_dim, float* HWY_RESTRICT v) {
+                          const float* HWY_RESTRICT sin_t, int64_t head_dim,
+                          float* HWY_RESTRICT v) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t half = head_dim / 2;

@@ -246,7 +246,16 @@ int RunPlan(const PlanFlags& flags) {
                 kv);
     for (int64_t ctx : contexts)
       std::printf(" %8s", Cell(ExactKvBytes(p.layout, 1, ctx), unit).c_str());
-    if (p.layout.side_bytes > 0) std::printf("  (+%zu B side data)", p.layout.side_bytes);
+    if (p.layout.codec_side_bytes > 0) {
+      std::printf("  (+%zu B side data)", p.layout.codec_side_bytes);
+    }
+    if (p.layout.rope_table_head_dim > 0) {
+      // K before RoPE: the cos/sin table (a row per block plus block_tokens rows).
+      const size_t row = static_cast<size_t>(p.layout.rope_table_head_dim) * sizeof(float);
+      std::printf("  (+RoPE table: %zu B + %zu B per %lld tokens of context)",
+                  row * static_cast<size_t>(p.layout.block_tokens), row,
+                  (long long)p.layout.block_tokens);
+    }
     if (p.layout.staging_blocks > 0) {
       std::printf("  (incl. %lld blocks/sequence for %s of f16 windows)",
                   (long long)p.layout.staging_blocks,

@@ -115,7 +115,7 @@ TEST(Planner, FitAnswersByHand) {
   KvLayout layout;
   layout.block_tokens = 16;
   layout.block_bytes = 1000;
-  layout.side_bytes = 50;
+  layout.side_bytes = layout.codec_side_bytes = 50;
   // batch 2 x 40 tokens = 2 * 3 blocks = 6000 B + 50 side; weights 10000.
   FitAnswer a = PlanFit(layout, 10000, 16050, 2, 40);
   EXPECT_EQ(a.kv_bytes, 6050);
@@ -131,6 +131,30 @@ TEST(Planner, FitAnswersByHand) {
   EXPECT_FALSE(none.fits);
   EXPECT_EQ(none.max_context, 0);
   EXPECT_EQ(none.max_batch, 0);
+}
+
+// A cache that keeps K before RoPE also holds the cos/sin table attention
+// rotates it with: a row of head_dim floats per block of the context plus
+// block_tokens rows, counted as side data that grows with the context.
+TEST(Planner, PreRopeSideDataGrowsWithTheContext) {
+  KvShape shape{2, 4, 2, 64};
+  shape.rope_inv_freq.assign(32, 1.0f);
+  KvCacheOptions options;
+  options.k_type = "f16-prerope";
+  options.v_type = "f16";
+  options.max_tokens = 100;
+  auto plan = PlanKvType(shape, options);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const KvLayout& layout = plan->layout;
+  EXPECT_EQ(layout.codec_side_bytes, 0u);
+  EXPECT_EQ(layout.side_bytes, (7u + 16u) * 64 * 4);  // ceil(100 / 16) + 16 rows
+  EXPECT_EQ(layout.SideBytesFor(1000), (63u + 16u) * 64 * 4);
+  EXPECT_EQ(ExactKvBytes(layout, 2, 1000),
+            2.0 * static_cast<double>(layout.SequenceBytes(1000)) + (63 + 16) * 64 * 4);
+  options.k_type = "f16";
+  auto plain = PlanKvType(shape, options);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->layout.SideBytesFor(1000), 0u);
 }
 
 // Published parameter counts (the model cards / HF safetensors totals) check

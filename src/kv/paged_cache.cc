@@ -92,9 +92,8 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   if (!options.policy.empty()) cache->type_name_ = "policy[" + layer_names + "]";
   KVQ_ASSIGN_OR_RETURN(cache->f16_codec_, ParseKvCodec("f16", shape.head_dim));
   KVQ_ASSIGN_OR_RETURN(cache->f32_codec_, ParseKvCodec("f32", shape.head_dim));
-  for (const auto& codec : cache->k_codecs_) {
-    if (!codec->streaming().pre_rope || cache->rope_table_) continue;
-    // One coarse row per block: the table is what ComputeKvLayout counted.
+  if (layout.rope_table_head_dim > 0) {
+    // Exactly the table ComputeKvLayout counted (one coarse row per block).
     KVQ_ASSIGN_OR_RETURN(cache->rope_table_,
                          ops::RopeTable::Make(shape.rope_layout, shape.rope_inv_freq,
                                               options.max_tokens, layout.block_tokens));

@@ -11,6 +11,24 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
+#ifndef KVQ_OPS_ROPE_ONCE
+#define KVQ_OPS_ROPE_ONCE
+namespace kvq::ops {
+namespace {
+struct CosSin {
+  float c, s;
+};
+// Rope's cos and sin for one channel pair at `pos`: of the f32 angle
+// pos * inv_freq (HF's product), evaluated in double and rounded to f32.
+// RopeTable's rows come from here too, so they equal Rope's values.
+inline CosSin RopeCosSin(float pos, float inv_freq) {
+  const double angle = static_cast<double>(pos * inv_freq);
+  return {static_cast<float>(std::cos(angle)), static_cast<float>(std::sin(angle))};
+}
+}  // namespace
+}  // namespace kvq::ops
+#endif  // KVQ_OPS_ROPE_ONCE
+
 HWY_BEFORE_NAMESPACE();
 namespace kvq::ops {
 namespace HWY_NAMESPACE {
@@ -85,9 +103,8 @@ void RopeImpl(RopeLayout layout, const float* HWY_RESTRICT inv_freq,
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq[i];  // f32 product, as HF
-      PutPair(layout, i, static_cast<float>(std::cos(static_cast<double>(angle))),
-              static_cast<float>(std::sin(static_cast<double>(angle))), cos_t, sin_t);
+      const CosSin cs = RopeCosSin(pos, inv_freq[i]);
+      PutPair(layout, i, cs.c, cs.s, cos_t, sin_t);
     }
     for (int64_t h = 0; h < n_heads; ++h) {
       RotateRow(layout, cos_t, sin_t, head_dim, x + (t * n_heads + h) * head_dim);
@@ -258,16 +275,14 @@ StatusOr<RopeTable> RopeTable::Make(RopeLayout layout, const std::vector<float>&
   table.layout_ = layout;
   table.half_ = half;
   table.step_ = step;
-  table.max_positions_ = max_positions;
-  // Rope's values at position p: HF's f32 angle, cos/sin rounded from double.
   auto fill = [&](std::vector<float>& rows, int64_t count, int64_t stride) {
     rows.resize(static_cast<size_t>(count * 2 * half));
     for (int64_t r = 0; r < count; ++r) {
       const float pos = static_cast<float>(r * stride);
       for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(pos * inv_freq[static_cast<size_t>(i)]);
-        rows[static_cast<size_t>((2 * r) * half + i)] = static_cast<float>(std::cos(angle));
-        rows[static_cast<size_t>((2 * r + 1) * half + i)] = static_cast<float>(std::sin(angle));
+        const CosSin cs = RopeCosSin(pos, inv_freq[static_cast<size_t>(i)]);
+        rows[static_cast<size_t>((2 * r) * half + i)] = cs.c;
+        rows[static_cast<size_t>((2 * r + 1) * half + i)] = cs.s;
       }
     }
   };

@@ -80,7 +80,6 @@ class RopeTable {
   // What Make allocates for head_dim = 2 * inv_freq.size(), in bytes.
   static size_t Bytes(int64_t head_dim, int64_t max_positions, int64_t step);
 
-  int64_t max_positions() const { return max_positions_; }
   // Rotates x[n, head_dim] (rows of one head) in place; row i takes
   // position first + i; first + n <= max_positions.
   void Apply(int64_t first, int64_t n, float* x) const;
@@ -88,7 +87,7 @@ class RopeTable {
  private:
   RopeTable() = default;
   RopeLayout layout_ = RopeLayout::kHalves;
-  int64_t half_ = 0, step_ = 0, max_positions_ = 0;
+  int64_t half_ = 0, step_ = 0;
   std::vector<float> coarse_;  // [ceil(max_positions / step), 2, half]: cos, sin of c * step
   std::vector<float> fine_;    // [step, 2, half]: cos, sin of f
 };

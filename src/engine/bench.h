@@ -10,6 +10,7 @@
 
 #include "base/status.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_factory.h"
 #include "model/transformer.h"
 
 namespace kvq {
@@ -28,11 +29,20 @@ struct BenchResult {
   double StdDev() const;
 };
 
-using CacheFactory = std::function<std::unique_ptr<KvCache>()>;
+// The KV budget a bench needs: side data for sequences of max_tokens, the
+// depth sequence, and one fork of it that adds test_tokens (plus its own
+// staging, and the copy of the depth's last block when it is partial).
+size_t BenchKvBytes(const KvLayout& layout, int64_t max_tokens, int64_t depth, int64_t test_tokens);
 
-// Runs `test` `repetitions` times (after one untimed warm-up run) on fresh
-// caches from `make_cache`, with seeded random ordinary token ids.
-StatusOr<BenchResult> RunBench(Transformer& model, const CacheFactory& make_cache,
+// Starts `seq` in `cache` and fills it with `depth` seeded random ordinary
+// token ids, the state every test at that depth starts from.
+Status FillDepth(Transformer& model, KvCache& cache, SeqId seq, int64_t depth);
+
+// Runs `test` `repetitions` times (after one untimed warm-up run), each on a
+// copy-on-write fork of `depth_seq` (which must hold test.depth tokens), as
+// llama-bench restores its saved depth state: the depth is filled once, every
+// run sees the same tokens, and only the fork's own blocks are written.
+StatusOr<BenchResult> RunBench(Transformer& model, KvCache& cache, SeqId depth_seq,
                                const BenchTest& test, int repetitions);
 
 }  // namespace kvq

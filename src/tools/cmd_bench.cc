@@ -44,6 +44,18 @@ int RunBenchCommand(const BenchFlags& flags) {
     std::fprintf(stderr, "kvq bench: %s\n", kv_options.status().message().c_str());
     return 1;
   }
+  if (kv_options->memory_bytes == 0) {  // no --kv-memory: the depth plus one run's fork
+    auto layout = ComputeKvLayout(shape, *kv_options);
+    if (!layout.ok()) {
+      std::fprintf(stderr, "kvq bench: %s\n", layout.status().message().c_str());
+      return 1;
+    }
+    int64_t max_depth = 0, max_test = 0;
+    for (int64_t d : flags.depths) max_depth = std::max(max_depth, d);
+    for (int64_t n : flags.prompt_tokens) max_test = std::max(max_test, n);
+    for (int64_t n : flags.gen_tokens) max_test = std::max(max_test, n);
+    kv_options->memory_bytes = BenchKvBytes(*layout, max_context, max_depth, max_test);
+  }
   // Fail on a bad type or budget before the first test, not inside it.
   auto probe = MakeKvCache(shape, *kv_options);
   if (!probe.ok()) {
@@ -52,36 +64,44 @@ int RunBenchCommand(const BenchFlags& flags) {
   }
   const std::string type_kv = (*probe)->TypeName();
   probe = Status::Error("released");
-  const CacheFactory make_cache = [&]() -> std::unique_ptr<KvCache> {
-    auto cache = MakeKvCache(shape, *kv_options);
-    return cache.ok() ? std::move(cache).value() : nullptr;
-  };
 
   const double size_gib = static_cast<double>(model.WeightBytesPerToken()) / (1 << 30);
   const double params_b = static_cast<double>(CountParameters(model.files().tensors)) / 1e9;
   std::printf("| model | size | params | backend | threads | type_kv | test | t/s |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |\n");
-  std::vector<BenchTest> tests;
   for (int64_t d : flags.depths) {
+    std::vector<BenchTest> tests;
     for (int64_t n : flags.prompt_tokens) {
       if (n > 0) tests.push_back({BenchTest::Kind::kPrefill, n, d});
     }
     for (int64_t n : flags.gen_tokens) {
       if (n > 0) tests.push_back({BenchTest::Kind::kGenerate, n, d});
     }
-  }
-  for (const BenchTest& test : tests) {
-    auto result = RunBench(model, make_cache, test, flags.repetitions);
-    if (!result.ok()) {
-      std::fprintf(stderr, "kvq bench: %s: %s\n", test.Name().c_str(),
-                   result.status().message().c_str());
+    // One cache per depth: its depth sequence is filled once and forked per run.
+    auto cache = MakeKvCache(shape, *kv_options);
+    if (!cache.ok()) {
+      std::fprintf(stderr, "kvq bench: %s\n", cache.status().message().c_str());
       return 1;
     }
-    std::printf("| %s %s | %.2f GiB | %.2f B | kvq CPU | %d | %s | %s | %.2f ± %.2f |\n",
-                ArchitectureName(model.config().arch), model.files().source.c_str(), size_gib,
-                params_b, threads, type_kv.c_str(), test.Name().c_str(), result->Mean(),
-                result->StdDev());
-    std::fflush(stdout);
+    const SeqId depth_seq = 0;
+    if (Status filled = FillDepth(model, **cache, depth_seq, d); !filled.ok()) {
+      std::fprintf(stderr, "kvq bench: filling depth %lld: %s\n", static_cast<long long>(d),
+                   filled.message().c_str());
+      return 1;
+    }
+    for (const BenchTest& test : tests) {
+      auto result = RunBench(model, **cache, depth_seq, test, flags.repetitions);
+      if (!result.ok()) {
+        std::fprintf(stderr, "kvq bench: %s: %s\n", test.Name().c_str(),
+                     result.status().message().c_str());
+        return 1;
+      }
+      std::printf("| %s %s | %.2f GiB | %.2f B | kvq CPU | %d | %s | %s | %.2f ± %.2f |\n",
+                  ArchitectureName(model.config().arch), model.files().source.c_str(), size_gib,
+                  params_b, threads, type_kv.c_str(), test.Name().c_str(), result->Mean(),
+                  result->StdDev());
+      std::fflush(stdout);
+    }
   }
   return 0;
 }

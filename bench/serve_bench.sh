@@ -13,7 +13,8 @@
 #     --kv-memory SIZE      (default: 160M: f16 holds ~4 sequences of 3K prompt + 256
 #                            generated tokens on qwen2.5-0.5b, 12 KiB per token)
 #     --concurrency LIST    (default: 1,8,32)
-#     --requests N|auto     per level (default: auto = max(8, 2 x concurrency))
+#     --requests N|auto|LIST per level (default: auto = max(8, 2 x concurrency); a
+#                           list gives one count per --concurrency level: 2,8,32)
 #     --seconds S           per level; requests still running then are aborted (default: 900)
 #     --prompt-tokens N|A-B prompt lengths, uniform in A..B (default: 2048-4096)
 #     --max-tokens N        generated per request (default: 256)

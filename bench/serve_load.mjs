@@ -9,12 +9,13 @@
 // read and look like 0 ms.
 //
 //   node bench/serve_load.mjs --url http://127.0.0.1:PORT --model NAME
-//        [--concurrency 1,8,32] [--requests N|auto] [--seconds 120]
+//        [--concurrency 1,8,32] [--requests N|auto|N1,N2,N3] [--seconds 120]
 //        [--prompt-tokens 2048 | 2048-4096] [--max-tokens 64] [--api-key KEY]
 //        [--label f16] [--vocab 8192] [--seed 1] [--json results.jsonl] [--no-header]
 //   node bench/serve_load.mjs --summarize results.jsonl [--baseline f16]
 //
-// --requests auto = max(8, 2 x concurrency) per level. Prompts are random
+// --requests auto = max(8, 2 x concurrency) per level; a list gives each level
+// its own count (one per --concurrency level). Prompts are random
 // token ids (the completions API accepts them), so each has exactly the
 // drawn length (uniform in the --prompt-tokens range) and no two share a
 // prefix; the same --seed gives every run the same prompts. Generation
@@ -113,7 +114,7 @@ async function oneRequest(args, prompt, deadline) {
         if (chunk.usage) tokens = chunk.usage.completion_tokens;
       }
     }
-    return { status: 200, start, arrivals, tokens, end: performance.now() };
+    return { status: 200, start, arrivals, tokens, promptTokens: prompt.length, end: performance.now() };
   } catch (e) {
     return { status: e.name === 'AbortError' ? 'timeout' : 'error' };
   } finally {
@@ -121,8 +122,7 @@ async function oneRequest(args, prompt, deadline) {
   }
 }
 
-async function runLevel(args, concurrency, random) {
-  const total = args.requests === 'auto' ? Math.max(8, 2 * concurrency) : Number(args.requests);
+async function runLevel(args, concurrency, total, random) {
   const deadline = Date.now() + Number(args.seconds) * 1000;
   const span = args.promptMax - args.promptMin + 1;
   const prompts = Array.from({ length: total }, () =>
@@ -160,9 +160,10 @@ async function runLevel(args, concurrency, random) {
   const tokens = ok.reduce((s, r) => s + r.tokens, 0);
   const refused = results.filter((r) => r.status === 429 || r.status === 503).length;
   const promptTokens = prompts.slice(0, results.length).reduce((s, p) => s + p.length, 0);
+  const promptDone = ok.reduce((s, r) => s + r.promptTokens, 0);
   return { label: args.label, concurrency, requests: total, done: ok.length, refused,
     failed: results.length - ok.length - refused, seconds, tokens, promptTokens,
-    tokensPerSecond: tokens / seconds,
+    tokensPerSecond: tokens / seconds, totalTokensPerSecond: (tokens + promptDone) / seconds,
     ttftP50: percentile(ttft, 50), ttftP99: percentile(ttft, 99),
     itlP50: percentile(itl, 50), itlP99: percentile(itl, 99),
     maxRunning, maxBlocksUsed: maxBlocks, blocksTotal: after ? after.blocksTotal : NaN,
@@ -188,6 +189,21 @@ function summarize(file, baseline) {
       if (!r) return 'n/a';
       const ratio = base && base.tokensPerSecond > 0 ? ` (${(r.tokensPerSecond / base.tokensPerSecond).toFixed(2)}x)` : '';
       return `${f(r.tokensPerSecond, 2)}${ratio}, ${r.maxRunning} running`;
+    });
+    console.log(`| ${c} | ${cells.join(' | ')} |`);
+  }
+  console.log(`\nPrompt + generated tokens/s (ratio vs ${baseline}): the work a cache type cannot ` +
+    'speed up (prefill) included:\n');
+  console.log(`| concurrency | ${labels.join(' | ')} |`);
+  console.log(`| ---: | ${labels.map(() => '---:').join(' | ')} |`);
+  for (const c of levels) {
+    const base = find(baseline, c);
+    const cells = labels.map((label) => {
+      const r = find(label, c);
+      if (!r || !Number.isFinite(r.totalTokensPerSecond)) return 'n/a';
+      const ratio = base && base.totalTokensPerSecond > 0
+        ? ` (${(r.totalTokensPerSecond / base.totalTokensPerSecond).toFixed(2)}x)` : '';
+      return `${f(r.totalTokensPerSecond, 1)}${ratio}`;
     });
     console.log(`| ${c} | ${cells.join(' | ')} |`);
   }
@@ -218,14 +234,23 @@ const warm = await oneRequest({ ...args, 'max-tokens': 2 }, [1, 2, 3, 4, 5, 6, 7
 if (warm.status !== 200) throw new Error(`the warm-up request failed (${warm.status})`);
 if (!args['no-header']) {
   console.log('| label | concurrency | requests ok / refused / failed | prompt tokens | generated tok/s | ' +
-    'TTFT p50 ms | TTFT p99 ms | ITL (TPOT) p50 ms | ITL (TPOT) p99 ms | max running | max KV blocks used / total | preemptions |');
-  console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
+    'prompt + generated tok/s | TTFT p50 ms | TTFT p99 ms | ITL (TPOT) p50 ms | ITL (TPOT) p99 ms | max running | ' +
+    'max KV blocks used / total | preemptions |');
+  console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
 }
-for (const level of String(args.concurrency).split(',').map(Number)) {
-  const r = await runLevel(args, level, random);
+const levels = String(args.concurrency).split(',').map(Number);
+const counts = String(args.requests).split(',');
+if (counts.length !== 1 && counts.length !== levels.length) {
+  throw new Error(`--requests ${args.requests}: give one count, auto, or one count per concurrency level`);
+}
+for (const [i, level] of levels.entries()) {
+  const count = counts.length === 1 ? counts[0] : counts[i];
+  const total = count === 'auto' ? Math.max(8, 2 * level) : Number(count);
+  if (!(Number.isInteger(total) && total >= 1)) throw new Error(`--requests: ${count} is not a count`);
+  const r = await runLevel(args, level, total, random);
   if (args.json) appendFileSync(args.json, JSON.stringify(r) + '\n');
   const prompt = args.promptMin === args.promptMax ? `${args.promptMin}` : `${args.promptMin}-${args.promptMax}`;
   console.log(`| ${args.label} | ${level} | ${r.done} / ${r.refused} / ${r.failed} | ${prompt} | ` +
-    `${f(r.tokensPerSecond, 2)} | ${f(r.ttftP50)} | ${f(r.ttftP99)} | ${f(r.itlP50)} | ${f(r.itlP99)} | ` +
+    `${f(r.tokensPerSecond, 2)} | ${f(r.totalTokensPerSecond, 1)} | ${f(r.ttftP50)} | ${f(r.ttftP99)} | ${f(r.itlP50)} | ${f(r.itlP99)} | ` +
     `${r.maxRunning} | ${r.maxBlocksUsed} / ${f(r.blocksTotal, 0)} | ${f(r.preemptions, 0)} |`);
 }

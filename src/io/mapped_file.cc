@@ -46,6 +46,11 @@ MappedFile::~MappedFile() {
 }
 
 StatusOr<std::string> ReadTextFile(const std::string& path) {
+  struct stat info {};
+  // An ifstream opens a directory and then reads nothing: say what it is.
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    return Status::Error(path + ": is a directory, not a file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::Error(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream buffer;

@@ -2,14 +2,13 @@
 // (--kv-calibration). engine/calibrate.h describes what is computed,
 // kv/kv_calibration.h the file.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "base/threads.h"
 #include "engine/calibrate.h"
 #include "engine/loaded_model.h"
+#include "io/mapped_file.h"
 #include "tools/commands.h"
 
 namespace kvq {
@@ -35,10 +34,8 @@ int Fail(const std::string& message) {
 }
 
 int RunCalibrateCommand(const CalibrateFlags& flags) {
-  std::ifstream in(flags.file, std::ios::binary);
-  if (!in) return Fail(flags.file + ": cannot open the text file");
-  std::stringstream text;
-  text << in.rdbuf();
+  auto text = ReadTextFile(flags.file);
+  if (!text.ok()) return Fail(text.status().message());
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) return Fail(loaded.status().message());
@@ -50,7 +47,7 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
   options.qnorm = flags.qnorm;
   options.weights = flags.weights;
   options.fisher_path = flags.fisher;
-  auto result = CalibrateKv(*loaded, text.str(), options);
+  auto result = CalibrateKv(*loaded, *text, options);
   if (!result.ok()) return Fail(result.status().message());
   const Status saved = SaveKvCalibration(result->calibration, flags.output);
   if (!saved.ok()) return Fail(saved.message());

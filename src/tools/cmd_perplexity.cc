@@ -4,15 +4,14 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "base/threads.h"
 #include "engine/loaded_model.h"
 #include "engine/perplexity.h"
 #include "engine/planner.h"
+#include "io/mapped_file.h"
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
@@ -39,10 +38,8 @@ int Fail(const std::string& message) {
 }
 
 int RunPerplexityCommand(const PerplexityFlags& flags) {
-  std::ifstream in(flags.file, std::ios::binary);
-  if (!in) return Fail(flags.file + ": cannot open the text file");
-  std::stringstream text;
-  text << in.rdbuf();
+  auto text = ReadTextFile(flags.file);
+  if (!text.ok()) return Fail(text.status().message());
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) return Fail(loaded.status().message());
@@ -82,7 +79,7 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
     }
     std::fflush(stderr);
   };
-  auto result = RunPerplexity(*loaded, **cache, text.str(), popts, on_window);
+  auto result = RunPerplexity(*loaded, **cache, *text, popts, on_window);
   if (!result.ok()) {
     if (live) std::fputc('\n', stderr);
     return Fail(result.status().message());

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -210,10 +209,8 @@ int RunStudyCommand(const StudyFlags& flags) {
   if (text_path.empty()) {
     return Fail("no text given and .deps/corpus/test.txt was not found; pass -f FILE");
   }
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return Fail(text_path + ": cannot open the text file");
-  std::stringstream text;
-  text << in.rdbuf();
+  auto text = ReadTextFile(text_path);
+  if (!text.ok()) return Fail(text.status().message());
 
   auto plan = LoadPlanModel(model_path);
   if (!plan.ok()) return Fail(plan.status().message());
@@ -276,7 +273,7 @@ int RunStudyCommand(const StudyFlags& flags) {
                (long long)o.chunks, (long long)o.capture_tokens, o.schemes.size(),
                o.quick ? " (--quick)" : "");
   Progress progress;
-  auto result = RunStudy(*loaded, text.str(), o, [&](const StudyEvent& e) { progress(e); });
+  auto result = RunStudy(*loaded, *text, o, [&](const StudyEvent& e) { progress(e); });
   progress.Done();
   if (!result.ok()) return Fail(result.status().message());
   PrintTables(*result);

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -14,6 +13,7 @@
 #include "base/threads.h"
 #include "engine/loaded_model.h"
 #include "engine/tune.h"
+#include "io/mapped_file.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
 
@@ -49,10 +49,8 @@ std::vector<std::string> SplitList(const std::string& text) {
 }
 
 int RunTuneCommand(const TuneFlags& flags) {
-  std::ifstream in(flags.file, std::ios::binary);
-  if (!in) return Fail(flags.file + ": cannot open the calibration text");
-  std::stringstream text;
-  text << in.rdbuf();
+  auto text = ReadTextFile(flags.file);
+  if (!text.ok()) return Fail(text.status().message());
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) return Fail(loaded.status().message());
@@ -79,7 +77,7 @@ int RunTuneCommand(const TuneFlags& flags) {
     std::fprintf(stderr, live ? "\r\033[K%s" : "%s\n", line.c_str());
     std::fflush(stderr);
   };
-  auto result = RunTune(*loaded, text.str(), options, progress);
+  auto result = RunTune(*loaded, *text, options, progress);
   std::filesystem::remove_all(work, ec);
   if (live) std::fputc('\n', stderr);
   if (!result.ok()) return Fail(result.status().message());

@@ -225,8 +225,12 @@ TEST(KvStreaming, ResidualAndSinksHoldF16AndPerChannelKeysWin) {
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t c = 0; c < dim; ++c) {
       const size_t i = static_cast<size_t>(t * dim + c);
-      if (t >= 256) ASSERT_EQ(k[i], f16(data[0].k[i])) << "K ring token " << t;
-      if (t >= tokens - 128 || t < 4) ASSERT_EQ(v[i], f16(data[0].v[i])) << "V f16 token " << t;
+      if (t >= 256) {
+        ASSERT_EQ(k[i], f16(data[0].k[i])) << "K ring token " << t;
+      }
+      if (t >= tokens - 128 || t < 4) {
+        ASSERT_EQ(v[i], f16(data[0].v[i])) << "V f16 token " << t;
+      }
     }
   }
   double channel_err = 0, token_err = 0;

@@ -104,7 +104,8 @@ int RunServe(const ServeFlags& flags) {
                "kvq serve: model '%s' (%s), KV cache %s: %lld blocks of %lld tokens (%.1f MiB), "
                "%lld blocks per sequence for f16 windows, max-model-len %lld, max-num-seqs %lld\n",
                http_options.model_name.c_str(), loaded->path.c_str(), (*cache)->TypeName(),
-               static_cast<long long>(usage.blocks_total), static_cast<long long>(usage.block_tokens),
+               static_cast<long long>(usage.blocks_total),
+               static_cast<long long>(usage.block_tokens),
                static_cast<double>(usage.bytes_reserved) / (1 << 20),
                static_cast<long long>(usage.sequence_blocks), static_cast<long long>(max_model_len),
                static_cast<long long>(flags.max_num_seqs));

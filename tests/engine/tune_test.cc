@@ -61,8 +61,8 @@ TEST_F(TuneTest, CheapestPolicyWithinBudgetAndFrontierIsHonest) {
     EXPECT_EQ(p.accepted, p.measured_kl <= 0.02) << p.step;
   }
   // The best policy is one the cache accepts for this model.
-  auto layers = ParseKvPolicy(r.best.policy, model_.transformer->kv_shape().num_layers,
-                              {"f16", "f16"});
+  auto layers =
+      ParseKvPolicy(r.best.policy, model_.transformer->kv_shape().num_layers, {"f16", "f16"});
   ASSERT_TRUE(layers.ok()) << layers.status().message();
 }
 

@@ -179,47 +179,28 @@ function summarize(file, baseline) {
   const labels = [...new Set(rows.map((r) => r.label))];
   const levels = [...new Set(rows.map((r) => r.concurrency))].sort((a, b) => a - b);
   const find = (label, c) => rows.find((r) => r.label === label && r.concurrency === c);
-  console.log(`\nGenerated tokens/s (ratio vs ${baseline}, same run), most requests running at once:\n`);
-  console.log(`| concurrency | ${labels.join(' | ')} |`);
-  console.log(`| ---: | ${labels.map(() => '---:').join(' | ')} |`);
-  for (const c of levels) {
-    const base = find(baseline, c);
-    const cells = labels.map((label) => {
-      const r = find(label, c);
-      if (!r) return 'n/a';
-      const ratio = base && base.tokensPerSecond > 0 ? ` (${(r.tokensPerSecond / base.tokensPerSecond).toFixed(2)}x)` : '';
-      return `${f(r.tokensPerSecond, 2)}${ratio}, ${r.maxRunning} running`;
-    });
-    console.log(`| ${c} | ${cells.join(' | ')} |`);
-  }
-  console.log(`\nPrompt + generated tokens/s (ratio vs ${baseline}): the work a cache type cannot ` +
-    'speed up (prefill) included:\n');
-  console.log(`| concurrency | ${labels.join(' | ')} |`);
-  console.log(`| ---: | ${labels.map(() => '---:').join(' | ')} |`);
-  for (const c of levels) {
-    const base = find(baseline, c);
-    const cells = labels.map((label) => {
-      const r = find(label, c);
-      if (!r || !Number.isFinite(r.totalTokensPerSecond)) return 'n/a';
-      const ratio = base && base.totalTokensPerSecond > 0
-        ? ` (${(r.totalTokensPerSecond / base.totalTokensPerSecond).toFixed(2)}x)` : '';
-      return `${f(r.totalTokensPerSecond, 1)}${ratio}`;
-    });
-    console.log(`| ${c} | ${cells.join(' | ')} |`);
-  }
-  console.log(`\nTTFT p50 / ITL (TPOT) p50 in ms (ratio vs ${baseline}; lower is better):\n`);
-  console.log(`| concurrency | ${labels.join(' | ')} |`);
-  console.log(`| ---: | ${labels.map(() => '---:').join(' | ')} |`);
-  for (const c of levels) {
-    const base = find(baseline, c);
-    const ratio = (v, b) => (base && Number.isFinite(v) && b > 0 ? ` (${(v / b).toFixed(2)}x)` : '');
-    const cells = labels.map((label) => {
-      const r = find(label, c);
-      if (!r) return 'n/a';
-      return `${f(r.ttftP50)}${ratio(r.ttftP50, base?.ttftP50)} / ${f(r.itlP50)}${ratio(r.itlP50, base?.itlP50)}`;
-    });
-    console.log(`| ${c} | ${cells.join(' | ')} |`);
-  }
+  // One table: a row per level, a cell per label from cell(row, baseline row).
+  const table = (title, cell) => {
+    console.log(`\n${title}:\n`);
+    console.log(`| concurrency | ${labels.join(' | ')} |`);
+    console.log(`| ---: | ${labels.map(() => '---:').join(' | ')} |`);
+    for (const c of levels) {
+      const base = find(baseline, c);
+      console.log(`| ${c} | ${labels.map((label) => {
+        const r = find(label, c);
+        return r ? cell(r, base) : 'n/a';
+      }).join(' | ')} |`);
+    }
+  };
+  const ratio = (v, b) => (Number.isFinite(v) && Number.isFinite(b) && b > 0 ? ` (${(v / b).toFixed(2)}x)` : '');
+  table(`Generated tokens/s (ratio vs ${baseline}, same run), most requests running at once`,
+    (r, base) => `${f(r.tokensPerSecond, 2)}${ratio(r.tokensPerSecond, base?.tokensPerSecond)}, ` +
+      `${r.maxRunning} running`);
+  table(`Prompt + generated tokens/s (ratio vs ${baseline}): the work a cache type cannot ` +
+    'speed up (prefill) included',
+    (r, base) => `${f(r.totalTokensPerSecond, 1)}${ratio(r.totalTokensPerSecond, base?.totalTokensPerSecond)}`);
+  table(`TTFT p50 / ITL (TPOT) p50 in ms (ratio vs ${baseline}; lower is better)`,
+    (r, base) => `${f(r.ttftP50)}${ratio(r.ttftP50, base?.ttftP50)} / ${f(r.itlP50)}${ratio(r.itlP50, base?.itlP50)}`);
 }
 
 const args = parseArgs(process.argv.slice(2));

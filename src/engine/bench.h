@@ -4,7 +4,7 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <cstddef>
 #include <string>
 #include <vector>
 

@@ -1,4 +1,5 @@
 // kvq bench: llama-bench-style throughput table (pp = prefill, tg = decode).
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>

@@ -34,11 +34,13 @@ int RunBenchCommand(const BenchFlags& flags) {
     return 1;
   }
   Transformer& model = *loaded->transformer;
-  int64_t max_context = 0;
-  for (int64_t d : flags.depths) {
-    for (int64_t n : flags.prompt_tokens) max_context = std::max(max_context, d + n);
-    for (int64_t n : flags.gen_tokens) max_context = std::max(max_context, d + n);
-  }
+  // Every test size runs at every depth, so the longest sequence is the
+  // deepest depth plus the largest test.
+  int64_t max_depth = 0, max_test = 0;
+  for (int64_t d : flags.depths) max_depth = std::max(max_depth, d);
+  for (int64_t n : flags.prompt_tokens) max_test = std::max(max_test, n);
+  for (int64_t n : flags.gen_tokens) max_test = std::max(max_test, n);
+  const int64_t max_context = max_depth + max_test;
   const KvShape shape = model.kv_shape();
   auto kv_options = KvFlagsToOptions(flags.kv, max_context, threads);
   if (!kv_options.ok()) {
@@ -51,10 +53,6 @@ int RunBenchCommand(const BenchFlags& flags) {
       std::fprintf(stderr, "kvq bench: %s\n", layout.status().message().c_str());
       return 1;
     }
-    int64_t max_depth = 0, max_test = 0;
-    for (int64_t d : flags.depths) max_depth = std::max(max_depth, d);
-    for (int64_t n : flags.prompt_tokens) max_test = std::max(max_test, n);
-    for (int64_t n : flags.gen_tokens) max_test = std::max(max_test, n);
     kv_options->memory_bytes = BenchKvBytes(*layout, max_context, max_depth, max_test);
   }
   // Fail on a bad type or budget before the first test, not inside it.

@@ -46,7 +46,8 @@ fuzz: setup
 	@set -e; for f in build-fuzz/bin/*_fuzz; do \
 	  name=$$(basename $$f _fuzz); mkdir -p build-fuzz/corpus/$$name; \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
-	  if ! $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus/$$name \
+	  dict=$$( [ -f fuzz/$$name.dict ] && echo -dict=fuzz/$$name.dict ); \
+	  if ! $$f $$dict -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus/$$name \
 	      fuzz/corpus/$$name > build-fuzz/$$name.log 2>&1; then \
 	    tail -n 40 build-fuzz/$$name.log; echo "fuzz: $$name FAILED"; exit 1; fi; \
 	  grep -E '^stat::number_of_executed_units' build-fuzz/$$name.log; \

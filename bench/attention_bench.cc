@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -128,7 +129,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   double probe_seconds = 0.0, attend_seconds = 0.0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    cache.Attend(0, layer, 1, q.data(), scale, out.data());
+    if (!cache.Attend(0, layer, 1, q.data(), scale, out.data()).ok()) std::abort();
     benchmark::DoNotOptimize(out.data());
     const auto t1 = std::chrono::steady_clock::now();
     layer = (layer + 1) % shape.num_layers;

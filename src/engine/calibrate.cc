@@ -63,10 +63,10 @@ class CaptureCache final : public KvCache {
     return inner_->Append(seq, layer, n, k_pre_rope, k, v);
   }
 
-  void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
-              float* out) const override {
+  Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                float* out) const override {
     AccumulateSensitivity(seq, layer, n, q);
-    inner_->Attend(seq, layer, n, q, scale, out);
+    return inner_->Attend(seq, layer, n, q, scale, out);
   }
 
   // [num_layers][rows * kv_heads * head_dim] as captured (position 0 skipped).

@@ -9,7 +9,7 @@
 #include <map>
 
 #include "io/tensor.h"
-#include "kv/codec.h"
+#include "kv/codec_registry.h"
 #include "kv/kv_policy.h"
 #include "model/model_files.h"
 #include "model/model_presets.h"
@@ -69,28 +69,11 @@ KvShape PlanKvShape(const ModelConfig& config) {
 }
 
 StatusOr<int> NominalBits(const std::string& codec_name) {
-  const std::string base = codec_name.substr(0, codec_name.find_first_of("-/"));
-  if (base == "kivi2") return 2;
-  if (base == "kivi4") return 4;
-  // GEAR's nominal width is its base quantizer's; the exact bytes add the
-  // low-rank factors and outlier slots.
-  if (base == "gear2") return 2;
-  if (base == "gear4") return 4;
-  if (base == "gear8") return 8;
-  if (base == "f32") return 32;
-  if (base == "f16" || base == "bf16") return 16;
-  if (base == "fp8_e4m3" || base == "fp8_e5m2" || base == "int8") return 8;
-  if (base == "int4") return 4;
-  if (base == "int2") return 2;
-  // KVQuant's non-uniform codecs and schemes: B-bit codes (outlier slots and
-  // sinks are in the exact bytes, not the nominal bits).
-  for (int bits : {2, 3, 4}) {
-    if (base == "nuq" + std::to_string(bits) || base == "kvquant" + std::to_string(bits)) {
-      return bits;
-    }
-  }
-  return Status::Error("unknown KV cache type '" + codec_name +
-                       "' (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2, nuq2/3/4)");
+  // A scheme or K/V pair counts its K codec (the registry knows every name).
+  KVQ_ASSIGN_OR_RETURN(const KvLayerTypes types,
+                       ExpandKvScheme(codec_name.substr(0, codec_name.find('/'))));
+  KVQ_ASSIGN_OR_RETURN(const KvCodecSpec spec, ParseKvCodecSpec(types.k_type));
+  return static_cast<int>(spec.NominalBits());
 }
 
 double NominalKvBytesPerToken(const KvShape& shape, int k_bits, int v_bits) {
@@ -105,13 +88,13 @@ StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& opti
   plan.rotate = options.rotate;
   // The cache's own parser speaks first: its error lists what this build has.
   KVQ_ASSIGN_OR_RETURN(plan.layout, ComputeKvLayout(shape, options));
-  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layers,
-                       ResolveKvLayerTypes(options, shape.num_layers));
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layers,
+                       ResolveKvLayerSpecs(options, shape.num_layers));
   const double tokens = static_cast<double>(plan.layout.block_tokens);
   plan.k_bits = plan.v_bits = 64;
   for (size_t l = 0; l < layers.size(); ++l) {
-    KVQ_ASSIGN_OR_RETURN(const int k_bits, NominalBits(layers[l].k_type));
-    KVQ_ASSIGN_OR_RETURN(const int v_bits, NominalBits(layers[l].v_type));
+    const int k_bits = static_cast<int>(layers[l].k.NominalBits());
+    const int v_bits = static_cast<int>(layers[l].v.NominalBits());
     plan.k_bits = std::min(plan.k_bits, k_bits);
     plan.v_bits = std::min(plan.v_bits, v_bits);
     plan.nominal_bytes_per_token +=
@@ -175,10 +158,6 @@ std::vector<std::string> PlanWarnings(const PlanModel& model, int k_bits, int v_
   return warnings;
 }
 
-std::vector<std::string> DefaultPlanTypes() {
-  return {"f32",       "f16",   "bf16",         "fp8_e4m3",  "fp8_e5m2", "int8",
-          "int8-g128", "int4",  "int4-g32-sym", "int4-g128", "int2",     "int2-g128",
-          "kivi4",     "kivi2", "kvquant4",     "kvquant3",  "kvquant2"};
-}
+std::vector<std::string> DefaultPlanTypes() { return DefaultKvPlanTypes(); }
 
 }  // namespace kvq

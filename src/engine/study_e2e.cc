@@ -8,6 +8,7 @@
 
 #include "engine/sampler.h"
 #include "io/mapped_file.h"
+#include "kv/codec_registry.h"
 
 namespace kvq {
 namespace {
@@ -76,10 +77,7 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
   return specs;
 }
 
-std::string DefaultStudySchemes() {
-  return "f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2,gear4,"
-         "gear2,kvquant4,kvquant3,kvquant2";
-}
+std::string DefaultStudySchemes() { return DefaultKvStudySchemes(); }
 
 KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads,
                                   const std::string& calibration_path) {

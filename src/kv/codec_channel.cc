@@ -47,8 +47,10 @@ namespace kvq::codec {
 #define KVQ_CODEC_CHANNEL_ONCE
 
 // One tile's channel parameters in f32: x^[c] = u * scale[c] + offset[c].
+// Fixed arrays (8 KiB on the stack) so attention allocates nothing.
 struct ChannelParams {
-  std::vector<float> scale, offset;  // [head_dim] each
+  alignas(64) float scale[kMaxCodecHeadDim];   // [head_dim] used
+  alignas(64) float offset[kMaxCodecHeadDim];  // [head_dim] used
 };
 
 inline size_t ChannelParamBytes(const IntFormat& f, int64_t dim) {
@@ -68,9 +70,7 @@ inline void ReadChannelParams(const IntFormat& f, int64_t dim, const uint8_t* ti
 
 inline void ReadChannelParams(const IntFormat& f, int64_t dim, const uint8_t* tile,
                               ChannelParams* p) {
-  p->scale.resize(static_cast<size_t>(dim));
-  p->offset.resize(static_cast<size_t>(dim));
-  ReadChannelParams(f, dim, tile, p->scale.data(), p->offset.data());
+  ReadChannelParams(f, dim, tile, p->scale, p->offset);
 }
 
 // Channels per q quantization group of the integer Scores.
@@ -152,21 +152,29 @@ HWY_INLINE void ForEachTile(const IntFormat& f, int64_t dim, const uint8_t* rows
   for (int64_t t0 = 0; t0 < n; t0 += tile_tokens) {
     const uint8_t* tile = rows + static_cast<size_t>(t0 / tile_tokens) * tile_bytes;
     ReadChannelParams(f, dim, tile, &params);
-    ChannelFmt<kBits> fmt{dim, f.CodeBytes(dim), params.scale.data(), params.offset.data()};
+    ChannelFmt<kBits> fmt{dim, f.CodeBytes(dim), params.scale, params.offset};
     fn(fmt, tile + param_bytes, std::min(tile_tokens, n - t0), t0);
   }
 }
 
+// This family's one dispatcher: false (running nothing) for a width it has
+// no instantiation for; MakeChannelCodec refuses those formats first.
 template <class F>
-HWY_INLINE void WithBits(int bits, const F& fn) {
+HWY_INLINE bool WithBits(int bits, const F& fn) {
   switch (bits) {
     case 8:
-      return fn(std::integral_constant<int, 8>());
+      return fn(std::integral_constant<int, 8>()), true;
     case 4:
-      return fn(std::integral_constant<int, 4>());
+      return fn(std::integral_constant<int, 4>()), true;
+    case 2:
+      return fn(std::integral_constant<int, 2>()), true;
     default:
-      return fn(std::integral_constant<int, 2>());
+      return false;
   }
+}
+
+bool ChannelKernelExistsImpl(int bits) {
+  return WithBits(bits, [](auto) {});
 }
 
 void ChannelDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, float* x) {
@@ -256,6 +264,7 @@ namespace kvq::codec {
 HWY_EXPORT(ChannelDecodeImpl);
 HWY_EXPORT(ChannelScoresImpl);
 HWY_EXPORT(ChannelAccumulateImpl);
+HWY_EXPORT(ChannelKernelExistsImpl);
 
 namespace {
 
@@ -348,9 +357,14 @@ class ChannelCodec final : public KvCodec {
 
 }  // namespace
 
-std::unique_ptr<KvCodec> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
-                                          CodecPath path) {
-  return std::make_unique<ChannelCodec>(format, head_dim, path);
+StatusOr<std::unique_ptr<KvCodec>> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
+                                                    CodecPath path) {
+  if (!HWY_DYNAMIC_DISPATCH(ChannelKernelExistsImpl)(format.bits)) {
+    return Status::Error("KV cache type '" + format.Name() + "': no " +
+                         std::to_string(format.bits) +
+                         "-bit per-channel kernel in this build (int8, int4, int2)");
+  }
+  return std::unique_ptr<KvCodec>(std::make_unique<ChannelCodec>(format, head_dim, path));
 }
 
 }  // namespace kvq::codec

@@ -7,6 +7,7 @@
 
 #include "base/fp16.h"
 #include "kv/codec_formats.h"
+#include "kv/codec_registry.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/codec_float.cc"
@@ -433,9 +434,11 @@ class FloatCodec final : public KvCodec {
       case FloatKind::kF16:
       case FloatKind::kBF16:
         return 2;
-      default:
+      case FloatKind::kFp8E4M3:
+      case FloatKind::kFp8E5M2:
         return 1;
     }
+    return 0;  // unreachable: every FloatKind is a case (-Wswitch checks)
   }
   static void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
   static uint16_t LoadU16(const uint8_t* p) {
@@ -457,4 +460,78 @@ std::unique_ptr<KvCodec> MakeFloatCodec(FloatKind kind, int64_t head_dim, CodecP
 }
 
 }  // namespace kvq::codec
+
+// ---- registry entry (kv/codec_registry.h) ----
+namespace kvq {
+namespace {
+
+struct FloatName {
+  const char* name;
+  codec::FloatKind kind;
+  double bits;
+};
+constexpr FloatName kFloatNames[] = {
+    {"f32", codec::FloatKind::kF32, 32},         {"f16", codec::FloatKind::kF16, 16},
+    {"bf16", codec::FloatKind::kBF16, 16},       {"fp8_e4m3", codec::FloatKind::kFp8E4M3, 8},
+    {"fp8_e5m2", codec::FloatKind::kFp8E5M2, 8},
+};
+
+class FloatFormat final : public KvFormat {
+ public:
+  explicit FloatFormat(const FloatName& f) : f_(f) {}
+  std::string Name() const override { return f_.name; }
+  double NominalBits() const override { return f_.bits; }
+  StatusOr<std::unique_ptr<KvCodec>> Make(int64_t head_dim, CodecPath path) const override {
+    return codec::MakeFloatCodec(f_.kind, head_dim, path);
+  }
+
+ private:
+  FloatName f_;
+};
+
+bool ClaimsFloat(const std::string& base) {
+  for (const FloatName& f : kFloatNames) {
+    if (base == f.name || base.rfind(std::string(f.name) + "-", 0) == 0) return true;
+  }
+  return false;
+}
+
+StatusOr<std::shared_ptr<const KvFormat>> ParseFloat(const std::string& base,
+                                                     const std::string& spelled) {
+  for (const FloatName& f : kFloatNames) {
+    if (base == f.name) return std::shared_ptr<const KvFormat>(std::make_shared<FloatFormat>(f));
+  }
+  return Status::Error("KV cache type '" + spelled + "': " + base.substr(0, base.find('-')) +
+                       " takes no format options");
+}
+
+std::vector<std::string> FloatNames(int64_t /*head_dim*/) {
+  std::vector<std::string> names;
+  for (const FloatName& f : kFloatNames) names.push_back(f.name);
+  return names;
+}
+
+std::vector<std::string> FloatSamples(int64_t /*head_dim*/) { return {"f32-s4", "bf16-r16"}; }
+
+}  // namespace
+
+const KvCodecFamily& FloatCodecFamily() {
+  static const KvCodecFamily family{
+      "float",
+      "f32|f16|bf16|fp8_e4m3|fp8_e5m2",
+      "IEEE f32 / f16 (round to nearest even), bf16, and OCP fp8 E4M3FN / E5M2 storing x / "
+      "scale with one f32 scale per (layer, K/V, KV head) calibrated on the first prefill.",
+      ClaimsFloat,
+      ParseFloat,
+      FloatNames,
+      FloatSamples,
+      {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"},
+      {"f16", "bf16", "fp8_e4m3", "fp8_e5m2"},
+      {{"auto", "f16", "vLLM's default (the model's dtype); kvq's default cache type is f16"},
+       {"fp8", "fp8_e4m3", "vLLM: fp8 means E4M3"}},
+      {}};
+  return family;
+}
+
+}  // namespace kvq
 #endif  // HWY_ONCE

@@ -159,11 +159,17 @@ void AccumulateVByDecoding(const KvCodec& codec, const uint8_t* rows, int64_t n,
                            int64_t group, int64_t stride, float* acc);
 
 // ---- factories (one per codec family file) ----
+// Each kernel family has one dispatcher from its format to the compiled
+// instantiations; a factory asks it first and returns an error for a width
+// or option it does not implement instead of running another one.
 enum class FloatKind { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
 std::unique_ptr<KvCodec> MakeFloatCodec(FloatKind kind, int64_t head_dim, CodecPath path);
-std::unique_ptr<KvCodec> MakeIntCodec(const IntFormat& format, int64_t head_dim, CodecPath path);
-std::unique_ptr<KvCodec> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
-                                          CodecPath path);
-std::unique_ptr<KvCodec> MakeNuqCodec(const NuqFormat& format, int64_t head_dim, CodecPath path);
+Status IntKernelStatus(const IntFormat& format);
+StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(const IntFormat& format, int64_t head_dim,
+                                                CodecPath path);
+StatusOr<std::unique_ptr<KvCodec>> MakeChannelCodec(const IntFormat& format, int64_t head_dim,
+                                                    CodecPath path);
+StatusOr<std::unique_ptr<KvCodec>> MakeNuqCodec(const NuqFormat& format, int64_t head_dim,
+                                                CodecPath path);
 
 }  // namespace kvq::codec

@@ -58,6 +58,7 @@
 
 #include "base/fp16.h"
 #include "kv/codec_formats.h"
+#include "kv/codec_registry.h"
 
 namespace kvq::codec {
 namespace {
@@ -599,14 +600,7 @@ std::string GearFormat::Name() const {
 
 StatusOr<GearFormat> ParseGearFormat(const std::string& name, const std::string& spelled) {
   GearFormat f;
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t dash = name.find('-', start);
-    parts.push_back(name.substr(start, dash - start));
-    if (dash == std::string::npos) break;
-    start = dash + 1;
-  }
+  const std::vector<std::string> parts = SplitKvName(name);
   if (parts[0] == "gear2") {
     f.bits = 2;
   } else if (parts[0] == "gear4") {
@@ -681,8 +675,10 @@ StatusOr<std::unique_ptr<KvCodec>> MakeGearCodec(const GearFormat& format, int64
   auto make_base = [&](CodecPath p) {
     return base.per_channel ? MakeChannelCodec(base, head_dim, p) : MakeIntCodec(base, head_dim, p);
   };
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCodec> base_codec, make_base(path));
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCodec> base_ref, make_base(CodecPath::kReference));
   return std::unique_ptr<KvCodec>(std::make_unique<GearCodec>(
-      format, head_dim, path, make_base(path), make_base(CodecPath::kReference),
+      format, head_dim, path, std::move(base_codec), std::move(base_ref),
       MakeFloatCodec(FloatKind::kF16, head_dim, path),
       MakeFloatCodec(FloatKind::kF32, head_dim, CodecPath::kReference)));
 }
@@ -694,3 +690,46 @@ StatusOr<GearParts> GearDecodeParts(const KvCodec& codec, const uint8_t* rows, i
 }
 
 }  // namespace kvq::codec
+
+// ---- registry entry (kv/codec_registry.h) ----
+namespace kvq {
+namespace {
+
+using GearFormatSpec = KvFormatOf<codec::GearFormat, codec::MakeGearCodec>;
+
+StatusOr<std::shared_ptr<const KvFormat>> ParseGear(const std::string& base,
+                                                    const std::string& spelled) {
+  KVQ_ASSIGN_OR_RETURN(const codec::GearFormat format, codec::ParseGearFormat(base, spelled));
+  return GearFormatSpec::Of(format);
+}
+
+std::vector<std::string> GearSamples(int64_t head_dim) {
+  if (head_dim % 32 != 0) return {};
+  return {"gear2-c64-rank4-iter3-out2", "gear2-g32-t64-rank4-iter3-out2",
+          "gear4-c32-rank2-iter2-out1", "gear8-g32-t32-rank0-out0"};
+}
+
+}  // namespace
+
+const KvCodecFamily& GearCodecFamily() {
+  static const KvCodecFamily family{
+      "gear",
+      "gear2|gear4|gear8[-cT|-gG-tT][-rankR][-iterI][-outP]",
+      "GEAR (arXiv:2403.05527): an asymmetric base quantizer over tiles of T tokens (per "
+      "channel -cT, or per token in groups of G channels -gG-tT) plus a rank-R residual from I "
+      "power iterations and P% exact outliers per tile.",
+      [](const std::string& base) { return base.rfind("gear", 0) == 0; },
+      ParseGear,
+      [](int64_t) { return std::vector<std::string>{}; },
+      GearSamples,
+      {},
+      {"gear4", "gear2"},
+      {},
+      {{"gear2", "gear2-c64-rank4-iter3-out2", "gear2-g32-t64-rank4-iter3-out2",
+        "GEAR: 2-bit base over 64-token tiles, rank 4, 2% outliers"},
+       {"gear4", "gear4-c64-rank4-iter3-out2", "gear4-g32-t64-rank4-iter3-out2",
+        "GEAR at 4 bits"}}};
+  return family;
+}
+
+}  // namespace kvq

@@ -145,69 +145,60 @@ int GroupShift(int64_t group) {
   return shift;
 }
 
-// Calls f with the format object for (bits, symmetric).
+// The one dispatcher of this family: calls fn(integral_constant<bits>,
+// bool_constant<symmetric>) for the instantiations this build has and
+// returns false, running nothing, for any other (bits, symmetric).
+// MakeIntCodec refuses such a format up front (IntKernelStatus), so no
+// kernel ever runs a width it was not written for.
 template <class F>
-HWY_INLINE void WithFormat(const IntFormat& f, int64_t dim, const F& fn) {
+HWY_INLINE bool WithBitsAndSymmetry(const IntFormat& f, const F& fn) {
+  switch (f.bits * 2 + (f.symmetric ? 1 : 0)) {
+    case 16:
+      return fn(std::integral_constant<int, 8>(), std::false_type()), true;
+    case 17:
+      return fn(std::integral_constant<int, 8>(), std::true_type()), true;
+    case 8:
+      return fn(std::integral_constant<int, 4>(), std::false_type()), true;
+    case 9:
+      return fn(std::integral_constant<int, 4>(), std::true_type()), true;
+    case 4:
+      return fn(std::integral_constant<int, 2>(), std::false_type()), true;
+    case 5:
+      return fn(std::integral_constant<int, 2>(), std::true_type()), true;
+    default:
+      return false;
+  }
+}
+
+// Calls fn with the format object for (bits, symmetric); false as above.
+template <class F>
+HWY_INLINE bool WithFormat(const IntFormat& f, int64_t dim, const F& fn) {
   const size_t row_bytes = f.RowBytes(dim);
   const int shift = GroupShift(f.group);
   const int64_t code_bytes = static_cast<int64_t>(f.CodeBytes(dim));
   const int64_t groups = f.Groups(dim);
-  auto run = [&](auto fmt) {
+  return WithBitsAndSymmetry(f, [&](auto bits, auto symmetric) {
+    IntFmt<decltype(bits)::value, decltype(symmetric)::value> fmt{};
     fmt.head_dim = dim;
     fmt.row_bytes = row_bytes;
     fmt.group_shift = shift;
     fmt.code_bytes = code_bytes;
     fmt.groups = groups;
     fn(fmt);
-  };
-  switch (f.bits * 2 + (f.symmetric ? 1 : 0)) {
-    case 16:
-      return run(IntFmt<8, false>{});
-    case 17:
-      return run(IntFmt<8, true>{});
-    case 8:
-      return run(IntFmt<4, false>{});
-    case 9:
-      return run(IntFmt<4, true>{});
-    case 4:
-      return run(IntFmt<2, false>{});
-    default:
-      return run(IntFmt<2, true>{});
-  }
+  });
+}
+
+bool IntKernelExistsImpl(const IntFormat& f) {
+  return WithBitsAndSymmetry(f, [](auto, auto) {});
 }
 
 void IntEncodeImpl(const IntFormat& f, int64_t dim, const float* x, int64_t n, uint8_t* rows) {
-  switch (f.bits) {
-    case 8:
-      return EncodeRows<8>(f, dim, x, n, rows);
-    case 4:
-      return EncodeRows<4>(f, dim, x, n, rows);
-    default:
-      return EncodeRows<2>(f, dim, x, n, rows);
-  }
+  WithBitsAndSymmetry(
+      f, [&](auto bits, auto) { EncodeRows<decltype(bits)::value>(f, dim, x, n, rows); });
 }
 
 void IntDecodeImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, float* x) {
   WithFormat(f, dim, [&](const auto& fmt) { DecodeRows(fmt, rows, n, x); });
-}
-
-// Calls fn(std::integral_constant<int, bits>(), std::bool_constant<symmetric>()).
-template <class F>
-HWY_INLINE void WithBitsAndSymmetry(const IntFormat& f, const F& fn) {
-  switch (f.bits * 2 + (f.symmetric ? 1 : 0)) {
-    case 16:
-      return fn(std::integral_constant<int, 8>(), std::false_type());
-    case 17:
-      return fn(std::integral_constant<int, 8>(), std::true_type());
-    case 8:
-      return fn(std::integral_constant<int, 4>(), std::false_type());
-    case 9:
-      return fn(std::integral_constant<int, 4>(), std::true_type());
-    case 4:
-      return fn(std::integral_constant<int, 2>(), std::false_type());
-    default:
-      return fn(std::integral_constant<int, 2>(), std::true_type());
-  }
 }
 
 IntRowLayout RowLayout(const IntFormat& f, int64_t dim) {
@@ -253,17 +244,10 @@ void QuantizeQueryImpl(const float* q, int64_t dim, int64_t group, int8_t* q8, f
 void IntGroupDotsImpl(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n,
                       const int8_t* q8, int64_t heads, int32_t* dots) {
   const IntRowLayout layout = RowLayout(f, dim);
-  switch (f.bits) {
-    case 8:
-      return IntDotScores<8, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
-                                          dots);
-    case 4:
-      return IntDotScores<4, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
-                                          dots);
-    default:
-      return IntDotScores<2, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f, nullptr, 0,
-                                          dots);
-  }
+  WithBitsAndSymmetry(f, [&](auto bits, auto) {
+    IntDotScores<decltype(bits)::value, false, true>(layout, rows, n, nullptr, q8, heads, 0.0f,
+                                                     nullptr, 0, dots);
+  });
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -385,6 +369,7 @@ HWY_EXPORT(IntPreparedBytesImpl);
 HWY_EXPORT(IntPrepareQueryImpl);
 HWY_EXPORT(IntScoresPreparedImpl);
 HWY_EXPORT(IntAccumulateImpl);
+HWY_EXPORT(IntKernelExistsImpl);
 
 std::string IntFormat::Name() const {
   return "int" + std::to_string(bits) + (per_channel ? "-c" : "-g") + std::to_string(group) +
@@ -431,7 +416,7 @@ void IntPackRef(const IntFormat& f, int64_t i, uint8_t u, uint8_t* codes) {
                          : static_cast<uint8_t>((byte & 0x0F) | (u << 4));
       break;
     }
-    default: {
+    case 2: {
       const int shift = static_cast<int>(2 * (within / 8));
       uint8_t& byte = codes[block * 8 + within % 8];
       byte = static_cast<uint8_t>((byte & ~(3 << shift)) | (u << shift));
@@ -449,9 +434,10 @@ uint8_t IntUnpackRef(const IntFormat& f, int64_t i, const uint8_t* codes) {
       const uint8_t byte = codes[block * 16 + within % 16];
       return within < 16 ? byte & 0xF : byte >> 4;
     }
-    default:
+    case 2:
       return (codes[block * 8 + within % 8] >> (2 * (within / 8))) & 3;
   }
+  return 0;  // unreachable: MakeIntCodec admits only the widths above
 }
 
 void IntGroupDots(const IntFormat& f, int64_t dim, const uint8_t* rows, int64_t n, const int8_t* q8,
@@ -623,8 +609,20 @@ class IntCodec final : public KvCodec {
 
 }  // namespace
 
-std::unique_ptr<KvCodec> MakeIntCodec(const IntFormat& format, int64_t head_dim, CodecPath path) {
-  return std::make_unique<IntCodec>(format, head_dim, path);
+Status IntKernelStatus(const IntFormat& format) {
+  if (!HWY_DYNAMIC_DISPATCH(IntKernelExistsImpl)(format)) {
+    return Status::Error("KV cache type '" + format.Name() + "': no " +
+                         std::to_string(format.bits) + "-bit " +
+                         (format.symmetric ? "symmetric" : "asymmetric") +
+                         " integer kernel in this build (int8, int4, int2)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(const IntFormat& format, int64_t head_dim,
+                                                CodecPath path) {
+  KVQ_RETURN_IF_ERROR(IntKernelStatus(format));
+  return std::unique_ptr<KvCodec>(std::make_unique<IntCodec>(format, head_dim, path));
 }
 
 }  // namespace kvq::codec

@@ -23,6 +23,7 @@
 
 #include "base/fp16.h"
 #include "kv/codec_formats.h"
+#include "kv/codec_registry.h"
 #include "kv/kv_calibration.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -150,8 +151,10 @@ struct NuqFmt {
   }
 };
 
+// This family's one dispatcher: false (running nothing) for a width it has
+// no instantiation for; MakeNuqCodec refuses those formats first.
 template <class F>
-HWY_INLINE void WithNuqFormat(const NuqFormat& f, int64_t dim, const NuqTables& tables,
+HWY_INLINE bool WithNuqFormat(const NuqFormat& f, int64_t dim, const NuqTables& tables,
                               const F& fn) {
   auto run = [&](auto fmt) {
     fmt.head_dim = dim;
@@ -162,6 +165,7 @@ HWY_INLINE void WithNuqFormat(const NuqFormat& f, int64_t dim, const NuqTables& 
     fmt.slots = f.Slots(dim);
     fmt.tables = tables;
     fn(fmt);
+    return true;
   };
   switch (f.bits * 2 + (f.is_v ? 1 : 0)) {
     case 4:
@@ -174,9 +178,15 @@ HWY_INLINE void WithNuqFormat(const NuqFormat& f, int64_t dim, const NuqTables& 
       return run(NuqFmt<3, true>{});
     case 8:
       return run(NuqFmt<4, false>{});
-    default:
+    case 9:
       return run(NuqFmt<4, true>{});
+    default:
+      return false;
   }
+}
+
+bool NuqKernelExistsImpl(const NuqFormat& f) {
+  return WithNuqFormat(f, 32, NuqTables{}, [](const auto&) {});
 }
 
 void NuqDecodeImpl(const NuqFormat& f, int64_t dim, const NuqTables& tables, const uint8_t* rows,
@@ -208,6 +218,7 @@ namespace kvq::codec {
 HWY_EXPORT(NuqDecodeImpl);
 HWY_EXPORT(NuqScoresImpl);
 HWY_EXPORT(NuqAccumulateImpl);
+HWY_EXPORT(NuqKernelExistsImpl);
 
 std::string NuqFormat::Name() const {
   return "nuq" + std::to_string(bits) + (is_v ? "-v" : "-k") + "-o" +
@@ -447,9 +458,103 @@ class NuqCodec final : public KvCodec {
 
 }  // namespace
 
-std::unique_ptr<KvCodec> MakeNuqCodec(const NuqFormat& format, int64_t head_dim, CodecPath path) {
-  return std::make_unique<NuqCodec>(format, head_dim, path);
+StatusOr<std::unique_ptr<KvCodec>> MakeNuqCodec(const NuqFormat& format, int64_t head_dim,
+                                                CodecPath path) {
+  if (!HWY_DYNAMIC_DISPATCH(NuqKernelExistsImpl)(format)) {
+    return Status::Error("KV cache type '" + format.Name() + "': no " +
+                         std::to_string(format.bits) + "-bit NUQ kernel in this build (2, 3, 4)");
+  }
+  return std::unique_ptr<KvCodec>(std::make_unique<NuqCodec>(format, head_dim, path));
 }
 
 }  // namespace kvq::codec
+
+// ---- registry entry (kv/codec_registry.h) ----
+namespace kvq {
+namespace {
+
+Status BadNuq(const std::string& spelled, const std::string& why) {
+  return Status::Error("KV cache type '" + spelled + "': " + why);
+}
+
+// The registry's factory: head_dim checks, then the codec.
+StatusOr<std::unique_ptr<KvCodec>> MakeNuqFamilyCodec(const codec::NuqFormat& f, int64_t head_dim,
+                                                      CodecPath path) {
+  if (head_dim % 32 != 0 || head_dim > codec::kNuqMaxHeadDim) {
+    return BadNuq(f.Name(), "NUQ codecs need head_dim a multiple of 32 up to " +
+                                std::to_string(codec::kNuqMaxHeadDim) + " (head_dim " +
+                                std::to_string(head_dim) + ")");
+  }
+  return codec::MakeNuqCodec(f, head_dim, path);
+}
+using NuqFormatSpec = KvFormatOf<codec::NuqFormat, MakeNuqFamilyCodec>;
+
+// "nuq3-k", "nuq2-v-o2".
+StatusOr<std::shared_ptr<const KvFormat>> ParseNuq(const std::string& base,
+                                                   const std::string& spelled) {
+  const std::vector<std::string> parts = SplitKvName(base);
+  codec::NuqFormat format;
+  if (parts[0] == "nuq2" || parts[0] == "nuq3" || parts[0] == "nuq4") {
+    format.bits = parts[0][3] - '0';
+  } else {
+    return BadNuq(spelled, "unknown type '" + parts[0] + "' (NUQ bits are 2, 3 or 4)");
+  }
+  if (parts.size() < 2 || (parts[1] != "k" && parts[1] != "v")) {
+    return BadNuq(spelled, "NUQ codecs name the side they calibrate for: nuq3-k or nuq3-v");
+  }
+  format.is_v = parts[1] == "v";
+  bool have_outliers = false;
+  for (size_t i = 2; i < parts.size(); ++i) {
+    const std::string& o = parts[i];
+    const bool digits = o.size() >= 2 && o.size() <= 7 && o[0] == 'o' &&
+                        o.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (!digits) return BadNuq(spelled, "unknown option '" + o + "'");
+    if (have_outliers) return BadNuq(spelled, "-o given twice");
+    const int64_t percent = std::stoll(o.substr(1));
+    if (percent > codec::kNuqMaxOutlierPercent) {
+      return BadNuq(spelled, "-oP keeps P% of each row exactly, 0 <= P <= " +
+                                 std::to_string(codec::kNuqMaxOutlierPercent));
+    }
+    have_outliers = true;
+    format.outlier_percent = percent;
+  }
+  return NuqFormatSpec::Of(format);
+}
+
+std::vector<std::string> NuqSamples(int64_t head_dim) {
+  if (head_dim % 32 != 0 || head_dim > codec::kNuqMaxHeadDim) return {};
+  std::vector<std::string> names;
+  for (int bits : {2, 3, 4}) {
+    for (const char* side : {"k", "v"}) {
+      names.push_back("nuq" + std::to_string(bits) + "-" + side + "-o1");
+    }
+  }
+  names.push_back("nuq3-k-o0-s1-prerope");
+  return names;
+}
+
+}  // namespace
+
+const KvCodecFamily& NuqCodecFamily() {
+  static const KvCodecFamily family{
+      "nuq",
+      "nuq2|nuq3|nuq4-k|-v[-oP]",
+      "KVQuant (arXiv:2401.18079): non-uniform codebooks from `kvq calibrate` (keys with "
+      "calibrated per-channel scales, values per token), P% of each row exact (default 1); "
+      "need --kv-calibration.",
+      [](const std::string& base) { return base.rfind("nuq", 0) == 0; },
+      ParseNuq,
+      [](int64_t) { return std::vector<std::string>{}; },
+      NuqSamples,
+      {"kvquant4", "kvquant3", "kvquant2"},
+      {"kvquant4", "kvquant3", "kvquant2"},
+      {},
+      {{"kvquant2", "nuq2-k-o1-s1-prerope", "nuq2-v-o1-s1",
+        "KVQuant: keys before RoPE, 1% outliers, first token f16 (needs --kv-calibration)"},
+       {"kvquant3", "nuq3-k-o1-s1-prerope", "nuq3-v-o1-s1", "KVQuant at 3 bits"},
+       {"kvquant4", "nuq4-k-o1-s1-prerope", "nuq4-v-o1-s1", "KVQuant at 4 bits"}}};
+  return family;
+}
+
+}  // namespace kvq
 #endif  // HWY_ONCE

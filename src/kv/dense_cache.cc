@@ -103,10 +103,14 @@ class DenseKvCache final : public KvCache {
     return Status::Ok();
   }
 
-  void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
-              float* out) const override {
-    const Layer& cache = sequences_.at(seq).layers[layer];
+  Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                float* out) const override {
+    auto it = sequences_.find(seq);
+    if (it == sequences_.end()) return Status::Error("attend: unknown sequence");
+    if (layer < 0 || layer >= shape_.num_layers) return Status::Error("attend: bad layer");
+    const Layer& cache = it->second.layers[static_cast<size_t>(layer)];
     const int64_t total = static_cast<int64_t>(cache.k.size()) / row_;
+    if (n <= 0 || n > total) return Status::Error("attend: more queries than stored tokens");
     const int64_t dim = shape_.head_dim;
     const int64_t kv_heads = shape_.num_kv_heads;
     const int64_t group = shape_.num_heads / kv_heads;
@@ -156,6 +160,7 @@ class DenseKvCache final : public KvCache {
         }
       }
     }
+    return Status::Ok();
   }
 
   size_t BytesUsed() const override {

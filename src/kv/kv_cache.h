@@ -76,8 +76,10 @@ class KvCache {
   // q:   [n, num_heads, head_dim] (RoPE applied)
   // out: [n, num_heads, head_dim]
   // scale: the softmax temperature, normally 1/sqrt(head_dim).
-  virtual void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
-                      float* out) const = 0;
+  // Errors (an unknown sequence, a bad layer, more queries than stored
+  // tokens) leave `out` unspecified.
+  virtual Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                        float* out) const = 0;
 
   // Bytes of cache storage currently in use (including any side data).
   virtual size_t BytesUsed() const = 0;

@@ -26,8 +26,8 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
                          " tokens outside [1, 4096]");
   }
   if (options.max_tokens <= 0) return Status::Error("KV cache: max_tokens must be positive");
-  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
-                       ResolveKvLayerTypes(options, shape.num_layers));
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layer_specs,
+                       ResolveKvLayerSpecs(options, shape.num_layers));
   KvLayout layout;
   layout.num_layers = shape.num_layers;
   layout.num_kv_heads = shape.num_kv_heads;
@@ -37,22 +37,20 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
   bool any_pre_rope = false;
   const size_t staging_row = static_cast<size_t>(shape.head_dim) * 2;  // one f16 row
   for (int64_t l = 0; l < shape.num_layers; ++l) {
-    const KvLayerTypes& types = layer_types[static_cast<size_t>(l)];
+    const KvLayerSpec& spec = layer_specs[static_cast<size_t>(l)];
     const std::string where = options.policy.empty() ? "" : " (layer " + std::to_string(l) + ")";
-    auto k_codec = ParseKvCodec(types.k_type, shape.head_dim);
+    auto k_codec = spec.k.Make(shape.head_dim);
     if (!k_codec.ok()) return k_codec.status().WithContext("K" + where);
-    auto v_codec = ParseKvCodec(types.v_type, shape.head_dim);
+    auto v_codec = spec.v.Make(shape.head_dim);
     if (!v_codec.ok()) return v_codec.status().WithContext("V" + where);
     const KvStreaming& ks = (*k_codec)->streaming();
     const KvStreaming& vs = (*v_codec)->streaming();
-    if (vs.pre_rope)
-      return Status::Error("KV cache type '" + types.v_type + "': -prerope is for K");
     if (ks.pre_rope && options.rotate) {
-      return Status::Error("KV cache type '" + types.k_type +
+      return Status::Error("KV cache type '" + spec.k.Name() +
                            "': --kv-rotate does not compose with K stored before RoPE");
     }
     if (ks.pre_rope && static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
-      return Status::Error("KV cache type '" + types.k_type +
+      return Status::Error("KV cache type '" + spec.k.Name() +
                            "': storing K before RoPE needs the model's RoPE parameters");
     }
     any_pre_rope = any_pre_rope || ks.pre_rope;
@@ -145,11 +143,11 @@ StatusOr<size_t> ParseKvMemory(const std::string& text, size_t total_ram_bytes) 
 }
 
 StatusOr<bool> NeedsCalibrationFile(const KvShape& shape, const KvCacheOptions& options) {
-  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
-                       ResolveKvLayerTypes(options, shape.num_layers));
-  for (const KvLayerTypes& types : layer_types) {
-    for (const std::string& name : {types.k_type, types.v_type}) {
-      KVQ_ASSIGN_OR_RETURN(auto codec, ParseKvCodec(name, shape.head_dim));
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layer_specs,
+                       ResolveKvLayerSpecs(options, shape.num_layers));
+  for (const KvLayerSpec& layer : layer_specs) {
+    for (const KvCodecSpec* spec : {&layer.k, &layer.v}) {
+      KVQ_ASSIGN_OR_RETURN(auto codec, spec->Make(shape.head_dim));
       if (codec->NeedsCalibrationFile()) return true;
     }
   }

@@ -15,6 +15,8 @@
 
 namespace kvq {
 
+struct KvCacheTypes;  // kv/kv_policy.h
+
 // The codecs of one layer's K and V.
 struct KvLayerTypes {
   std::string k_type, v_type;
@@ -35,6 +37,10 @@ struct KvCacheOptions {
   // `kvq calibrate` output for codecs that need one (KVQuant's nuq*); loaded
   // once by the cache, ignored by the others.
   std::string calibration_path;
+  // k_type / v_type / policy parsed once (ParseKvCacheTypes in kv_policy.h;
+  // KvFlagsToOptions sets it). Ignored, and the strings parsed instead, when
+  // it was parsed from other strings than the current ones.
+  std::shared_ptr<const KvCacheTypes> types;
 };
 
 // Bytes the paged cache allocates, exactly (the planner prints these).

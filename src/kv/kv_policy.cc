@@ -1,32 +1,13 @@
 #include "kv/kv_policy.h"
 
 #include <cctype>
+#include <map>
 #include <sstream>
+
+#include "kv/codec_registry.h"
 
 namespace kvq {
 namespace {
-
-struct Scheme {
-  const char* name;
-  const char* k_type;
-  const char* v_type;
-};
-// KIVI's repository defaults (SCHEMES.md): asymmetric, group 32, residual 128.
-constexpr Scheme kSchemes[] = {
-    {"kivi2", "int2-c32-asym-r128", "int2-g32-asym-r128"},
-    {"kivi4", "int4-c32-asym-r128", "int4-g32-asym-r128"},
-    // GEAR (codec_gear.cc): KIVI-style base over 64-token tiles (the GEAR
-    // buffer; the newest < 64 tokens wait in f16), rank-4 residual from 3
-    // power iterations, 2% sparse outliers.
-    {"gear2", "gear2-c64-rank4-iter3-out2", "gear2-g32-t64-rank4-iter3-out2"},
-    {"gear4", "gear4-c64-rank4-iter3-out2", "gear4-g32-t64-rank4-iter3-out2"},
-    // KVQuant (SCHEMES.md): non-uniform calibrated codebooks, K before RoPE
-    // with per-channel scales, V per token, 1% of each row exact, the first
-    // token in f16. Need a `kvq calibrate` file (--kv-calibration).
-    {"kvquant2", "nuq2-k-o1-s1-prerope", "nuq2-v-o1-s1"},
-    {"kvquant3", "nuq3-k-o1-s1-prerope", "nuq3-v-o1-s1"},
-    {"kvquant4", "nuq4-k-o1-s1-prerope", "nuq4-v-o1-s1"},
-};
 
 std::string Trim(const std::string& s) {
   size_t begin = 0, end = s.size();
@@ -58,9 +39,7 @@ StatusOr<int64_t> ParseLayer(const std::string& text, int64_t num_layers, const 
 StatusOr<KvLayerTypes> ExpandKvScheme(const std::string& spec) {
   const std::string s = Trim(spec);
   if (s.empty()) return Status::Error("empty KV cache type");
-  for (const Scheme& scheme : kSchemes) {
-    if (s == scheme.name) return KvLayerTypes{scheme.k_type, scheme.v_type};
-  }
+  if (const KvScheme* scheme = FindKvScheme(s)) return KvLayerTypes{scheme->k_type, scheme->v_type};
   const size_t slash = s.find('/');
   if (slash != std::string::npos) {
     const std::string k = Trim(s.substr(0, slash)), v = Trim(s.substr(slash + 1));
@@ -94,20 +73,30 @@ StatusOr<KvLayerTypes> KiviTypes(int k_bits, int v_bits, int64_t group, int64_t 
 
 std::vector<std::pair<std::string, KvLayerTypes>> KvSchemes() {
   std::vector<std::pair<std::string, KvLayerTypes>> schemes;
-  for (const Scheme& s : kSchemes) schemes.push_back({s.name, {s.k_type, s.v_type}});
+  for (const KvCodecFamily* family : KvCodecFamilies()) {
+    for (const KvScheme& s : family->schemes) schemes.push_back({s.name, {s.k_type, s.v_type}});
+  }
   return schemes;
 }
 
-StatusOr<std::vector<KvLayerTypes>> ParseKvPolicy(const std::string& text, int64_t num_layers,
-                                                  const KvLayerTypes& defaults) {
-  std::vector<KvLayerTypes> layers(static_cast<size_t>(num_layers), defaults);
+namespace {
+
+// One rule of a policy: its text, its LAYERS part and what it sets.
+struct PolicyRule {
+  std::string rule, layers;
+  KvLayerTypes types;
+};
+
+// Policy text -> rules (syntax and scheme expansion; layer numbers are
+// checked against the model in SelectLayers).
+StatusOr<std::vector<PolicyRule>> SplitPolicy(const std::string& text) {
   std::string normalized = text;
   for (char& c : normalized) {
     if (c == ';') c = '\n';
   }
   std::istringstream lines(normalized);
   std::string line;
-  int rules = 0;
+  std::vector<PolicyRule> rules;
   while (std::getline(lines, line)) {
     const std::string rule = Trim(line.substr(0, line.find('#')));
     if (rule.empty()) continue;
@@ -117,40 +106,79 @@ StatusOr<std::vector<KvLayerTypes>> ParseKvPolicy(const std::string& text, int64
                            "': expected LAYERS: TYPE, e.g. 0,-1: f16");
     }
     KVQ_ASSIGN_OR_RETURN(const KvLayerTypes types, ExpandKvScheme(rule.substr(colon + 1)));
-    std::vector<char> selected(static_cast<size_t>(num_layers), 0);
-    std::istringstream items(rule.substr(0, colon));
-    std::string item;
-    bool any = false;
-    while (std::getline(items, item, ',')) {
-      item = Trim(item);
-      any = true;
-      if (item == "*") {
-        std::fill(selected.begin(), selected.end(), 1);
-        continue;
-      }
-      const size_t dots = item.find("..");
-      int64_t first, last;
-      if (dots == std::string::npos) {
-        KVQ_ASSIGN_OR_RETURN(first, ParseLayer(item, num_layers, rule));
-        last = first;
-      } else {
-        KVQ_ASSIGN_OR_RETURN(first, ParseLayer(item.substr(0, dots), num_layers, rule));
-        KVQ_ASSIGN_OR_RETURN(last, ParseLayer(item.substr(dots + 2), num_layers, rule));
-        if (last < first) {
-          return Status::Error("--kv-policy rule '" + rule + "': range " + item + " is empty");
-        }
-      }
-      for (int64_t l = first; l <= last; ++l) selected[static_cast<size_t>(l)] = 1;
-    }
-    if (!any) return Status::Error("--kv-policy rule '" + rule + "': no layers");
-    for (int64_t l = 0; l < num_layers; ++l) {
-      if (selected[static_cast<size_t>(l)]) layers[static_cast<size_t>(l)] = types;
-    }
-    ++rules;
+    rules.push_back({rule, rule.substr(0, colon), types});
   }
-  if (rules == 0)
+  if (rules.empty()) {
     return Status::Error("--kv-policy: no rules (expected e.g. '*: int4; 0,-1: f16')");
+  }
+  return rules;
+}
+
+// The layers a rule names: [num_layers] 0/1.
+StatusOr<std::vector<char>> SelectLayers(const std::string& rule, const std::string& layers,
+                                         int64_t num_layers) {
+  std::vector<char> selected(static_cast<size_t>(num_layers), 0);
+  std::istringstream items(layers);
+  std::string item;
+  bool any = false;
+  while (std::getline(items, item, ',')) {
+    item = Trim(item);
+    any = true;
+    if (item == "*") {
+      std::fill(selected.begin(), selected.end(), 1);
+      continue;
+    }
+    const size_t dots = item.find("..");
+    int64_t first, last;
+    if (dots == std::string::npos) {
+      KVQ_ASSIGN_OR_RETURN(first, ParseLayer(item, num_layers, rule));
+      last = first;
+    } else {
+      KVQ_ASSIGN_OR_RETURN(first, ParseLayer(item.substr(0, dots), num_layers, rule));
+      KVQ_ASSIGN_OR_RETURN(last, ParseLayer(item.substr(dots + 2), num_layers, rule));
+      if (last < first) {
+        return Status::Error("--kv-policy rule '" + rule + "': range " + item + " is empty");
+      }
+    }
+    for (int64_t l = first; l <= last; ++l) selected[static_cast<size_t>(l)] = 1;
+  }
+  if (!any) return Status::Error("--kv-policy rule '" + rule + "': no layers");
+  return selected;
+}
+
+// `defaults` in every layer, then each rule's value_of(rule) on the layers
+// it names (later rules win).
+template <class T, class Rule, class ValueOf>
+StatusOr<std::vector<T>> ApplyRules(const std::vector<Rule>& rules, int64_t num_layers,
+                                    const T& defaults, const ValueOf& value_of) {
+  std::vector<T> layers(static_cast<size_t>(num_layers), defaults);
+  for (const Rule& rule : rules) {
+    KVQ_ASSIGN_OR_RETURN(const std::vector<char> selected,
+                         SelectLayers(rule.rule, rule.layers, num_layers));
+    for (int64_t l = 0; l < num_layers; ++l) {
+      if (selected[static_cast<size_t>(l)]) layers[static_cast<size_t>(l)] = value_of(rule);
+    }
+  }
   return layers;
+}
+
+// Parses a K (or V) codec name once, naming the side in errors.
+StatusOr<KvCodecSpec> ParseSide(const std::string& name, const char* side,
+                                const std::string& where) {
+  auto spec = ParseKvCodecSpec(name);
+  if (!spec.ok()) return spec.status().WithContext(side + where);
+  if (std::string(side) == "V" && spec->streaming.pre_rope) {
+    return Status::Error("KV cache type '" + name + "': -prerope is for K");
+  }
+  return spec;
+}
+
+}  // namespace
+
+StatusOr<std::vector<KvLayerTypes>> ParseKvPolicy(const std::string& text, int64_t num_layers,
+                                                  const KvLayerTypes& defaults) {
+  KVQ_ASSIGN_OR_RETURN(const std::vector<PolicyRule> rules, SplitPolicy(text));
+  return ApplyRules(rules, num_layers, defaults, [](const PolicyRule& r) { return r.types; });
 }
 
 StatusOr<std::vector<KvLayerTypes>> ResolveKvLayerTypes(const KvCacheOptions& options,
@@ -162,6 +190,59 @@ StatusOr<std::vector<KvLayerTypes>> ResolveKvLayerTypes(const KvCacheOptions& op
     return std::vector<KvLayerTypes>(static_cast<size_t>(num_layers), defaults);
   }
   return ParseKvPolicy(options.policy, num_layers, defaults);
+}
+
+StatusOr<std::shared_ptr<const KvCacheTypes>> ParseKvCacheTypes(const std::string& k_type,
+                                                                const std::string& v_type,
+                                                                const std::string& policy) {
+  auto types = std::make_shared<KvCacheTypes>();
+  types->k_type = k_type;
+  types->v_type = v_type;
+  types->policy = policy;
+  // Each distinct name is parsed once (a policy repeats a few names).
+  std::map<std::string, KvCodecSpec> parsed;
+  auto side = [&](const std::string& name, const char* which,
+                  const std::string& where) -> StatusOr<KvCodecSpec> {
+    const std::string key = std::string(which) + name;
+    auto it = parsed.find(key);
+    if (it != parsed.end()) return it->second;
+    KVQ_ASSIGN_OR_RETURN(KvCodecSpec spec, ParseSide(name, which, where));
+    return parsed[key] = spec;
+  };
+  KVQ_ASSIGN_OR_RETURN(const KvLayerTypes k_types, ExpandKvScheme(k_type));
+  KVQ_ASSIGN_OR_RETURN(const KvLayerTypes v_types, ExpandKvScheme(v_type));
+  KVQ_ASSIGN_OR_RETURN(types->defaults.k, side(k_types.k_type, "K", ""));
+  KVQ_ASSIGN_OR_RETURN(types->defaults.v, side(v_types.v_type, "V", ""));
+  if (!policy.empty()) {
+    KVQ_ASSIGN_OR_RETURN(const std::vector<PolicyRule> rules, SplitPolicy(policy));
+    for (const PolicyRule& rule : rules) {
+      KvCacheTypes::Rule typed{rule.rule, rule.layers, {}};
+      const std::string where = " (--kv-policy rule '" + rule.rule + "')";
+      KVQ_ASSIGN_OR_RETURN(typed.spec.k, side(rule.types.k_type, "K", where));
+      KVQ_ASSIGN_OR_RETURN(typed.spec.v, side(rule.types.v_type, "V", where));
+      types->rules.push_back(std::move(typed));
+    }
+  }
+  return std::shared_ptr<const KvCacheTypes>(std::move(types));
+}
+
+StatusOr<std::vector<KvLayerSpec>> KvCacheTypes::Layers(int64_t num_layers) const {
+  return ApplyRules(rules, num_layers, defaults, [](const Rule& r) { return r.spec; });
+}
+
+StatusOr<std::shared_ptr<const KvCacheTypes>> KvCacheTypesOf(const KvCacheOptions& options) {
+  const KvCacheTypes* t = options.types.get();
+  if (t != nullptr && t->k_type == options.k_type && t->v_type == options.v_type &&
+      t->policy == options.policy) {
+    return options.types;
+  }
+  return ParseKvCacheTypes(options.k_type, options.v_type, options.policy);
+}
+
+StatusOr<std::vector<KvLayerSpec>> ResolveKvLayerSpecs(const KvCacheOptions& options,
+                                                       int64_t num_layers) {
+  KVQ_ASSIGN_OR_RETURN(const std::shared_ptr<const KvCacheTypes> types, KvCacheTypesOf(options));
+  return types->Layers(num_layers);
 }
 
 }  // namespace kvq

@@ -13,7 +13,7 @@
 //                  exact, first token f16; needs a calibration file.
 //   "K/V"          a pair of codec names, e.g. "f16/int4".
 //   anything else  a codec name (codec.h) used for both K and V.
-// A new scheme that is a pair of codecs is one line in kv_policy.cc.
+// Schemes are registered by their codec families (kv/codec_registry.h).
 //
 // Policy text (--kv-policy): rules separated by newlines or ';', each
 //   LAYERS: SCHEME
@@ -25,11 +25,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/status.h"
+#include "kv/codec_registry.h"
 #include "kv/kv_factory.h"
 
 namespace kvq {
@@ -48,6 +50,35 @@ std::vector<std::pair<std::string, KvLayerTypes>> KvSchemes();
 // Policy text -> types for each of num_layers layers, starting from `defaults`.
 StatusOr<std::vector<KvLayerTypes>> ParseKvPolicy(const std::string& text, int64_t num_layers,
                                                   const KvLayerTypes& defaults);
+
+// One layer's parsed K and V codecs.
+struct KvLayerSpec {
+  KvCodecSpec k, v;
+};
+
+// k_type, v_type and policy parsed once into typed specs (KvCacheOptions
+// holds it); caches and the planner take every layer's codecs from here and
+// never parse a name per layer or head.
+struct KvCacheTypes {
+  std::string k_type, v_type, policy;  // the text it was parsed from
+  KvLayerSpec defaults;                // k_type / v_type, schemes expanded
+  struct Rule {
+    std::string rule, layers;  // the rule's text and its LAYERS part
+    KvLayerSpec spec;
+  };
+  std::vector<Rule> rules;
+  // Every layer's specs (errors name a rule's layer outside the model).
+  StatusOr<std::vector<KvLayerSpec>> Layers(int64_t num_layers) const;
+};
+
+StatusOr<std::shared_ptr<const KvCacheTypes>> ParseKvCacheTypes(const std::string& k_type,
+                                                                const std::string& v_type,
+                                                                const std::string& policy);
+// options.types when it was parsed from options' current strings, else a
+// fresh parse of them (callers may edit k_type after KvFlagsToOptions).
+StatusOr<std::shared_ptr<const KvCacheTypes>> KvCacheTypesOf(const KvCacheOptions& options);
+StatusOr<std::vector<KvLayerSpec>> ResolveKvLayerSpecs(const KvCacheOptions& options,
+                                                       int64_t num_layers);
 
 // Every layer's codec names under `options`: k_type / v_type (schemes
 // expanded: K takes a scheme's K codec, V its V codec), then the policy.

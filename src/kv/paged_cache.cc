@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -53,8 +52,8 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   }
   auto cache = std::unique_ptr<PagedKvCache>(new PagedKvCache(shape, options, layout));
   std::string layer_names;
-  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerTypes> layer_types,
-                       ResolveKvLayerTypes(options, shape.num_layers));
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layer_specs,
+                       ResolveKvLayerSpecs(options, shape.num_layers));
   // Loaded once, on the first codec that needs it (KVQuant's nuq*).
   std::unique_ptr<KvCalibration> calibration;
   auto calibrate = [&](KvCodec& codec, int64_t layer, int64_t head, bool is_v) -> Status {
@@ -72,10 +71,10 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
     return codec.SetCalibration(*calibration, layer, head, is_v);
   };
   for (int64_t l = 0; l < shape.num_layers; ++l) {
-    const KvLayerTypes& types = layer_types[static_cast<size_t>(l)];
+    const KvLayerSpec& spec = layer_specs[static_cast<size_t>(l)];
     for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
-      KVQ_ASSIGN_OR_RETURN(auto k_codec, ParseKvCodec(types.k_type, shape.head_dim));
-      KVQ_ASSIGN_OR_RETURN(auto v_codec, ParseKvCodec(types.v_type, shape.head_dim));
+      KVQ_ASSIGN_OR_RETURN(auto k_codec, spec.k.Make(shape.head_dim));
+      KVQ_ASSIGN_OR_RETURN(auto v_codec, spec.v.Make(shape.head_dim));
       KVQ_RETURN_IF_ERROR(calibrate(*k_codec, l, h, /*is_v=*/false));
       KVQ_RETURN_IF_ERROR(calibrate(*v_codec, l, h, /*is_v=*/true));
       cache->any_streaming_ =
@@ -104,7 +103,55 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   KVQ_ASSIGN_OR_RETURN(cache->allocator_,
                        BlockAllocator::Create(layout.block_bytes, layout.num_blocks));
   if (options.rotate) cache->type_name_ += "+rot";
+  KVQ_RETURN_IF_ERROR(cache->AllocateRunState());
   return cache;
+}
+
+// Everything Attend and a decode step's Append use, sized once (larger
+// prefills grow the append buffers the first time they occur).
+Status PagedKvCache::AllocateRunState() {
+  const int64_t dim = shape_.head_dim, group = shape_.num_heads / shape_.num_kv_heads;
+  const int64_t bt = layout_.block_tokens;
+  max_rows_ = std::max<int64_t>(1, kTargetRows / group) * group;
+  const int64_t chunk = std::max<int64_t>(1, kChunkTokens / bt) * bt;
+  size_t prepared_bytes = 0;
+  for (const auto& codec : k_codecs_) {
+    prepared_bytes = std::max(prepared_bytes, codec->PreparedQueryBytes(max_rows_));
+  }
+  const size_t rows = static_cast<size_t>(max_rows_);
+  thread_scratch_.resize(static_cast<size_t>(std::max(1, num_threads_)));
+  for (ThreadScratch& ts : thread_scratch_) {
+    ts.q_rows.resize(rows * static_cast<size_t>(dim));
+    ts.probs.resize(rows * static_cast<size_t>(chunk));
+    ts.acc.resize(rows * static_cast<size_t>(dim));
+    ts.row_max.resize(rows);
+    ts.row_sum.resize(rows);
+    ts.block.resize(static_cast<size_t>(ScratchFloats(max_rows_)));
+    ts.prepared.resize(prepared_bytes);
+  }
+  // Split-K runs fewer than 2 * threads tasks (AttendTiles).
+  const size_t part_rows = 2 * static_cast<size_t>(std::max(1, num_threads_)) * rows;
+  part_max_.resize(part_rows);
+  part_sum_.resize(part_rows);
+  part_acc_.resize(part_rows * static_cast<size_t>(dim));
+  // One decode step: a token per head, or a whole flush of a streaming codec.
+  int64_t flush = 1;
+  for (const auto* codecs : {&k_codecs_, &v_codecs_}) {
+    for (const auto& codec : *codecs) flush = std::max(flush, codec->streaming().flush_tokens);
+  }
+  const size_t kv_rows = static_cast<size_t>(shape_.num_kv_heads);
+  head_rows_.resize(static_cast<size_t>(flush * dim));
+  if (options_.rotate) {
+    rotated_q_.resize(static_cast<size_t>(shape_.num_heads * dim));
+    rotated_k_.resize(kv_rows * static_cast<size_t>(dim));
+    rotated_v_.resize(kv_rows * static_cast<size_t>(dim));
+  }
+  if (any_streaming_) {
+    staging_scratch_.half.resize(kv_rows * f16_codec_->RowBytes());
+    staging_scratch_.rounded.resize(kv_rows * static_cast<size_t>(dim));
+    staging_scratch_.due.resize(static_cast<size_t>(flush) * kv_rows * static_cast<size_t>(dim));
+  }
+  return Status::Ok();
 }
 
 PagedKvCache::Sequence* PagedKvCache::Find(SeqId seq) {
@@ -121,11 +168,10 @@ const KvStreaming& PagedKvCache::Streaming(int64_t layer, bool is_v) const {
   return (is_v ? v_codecs_ : k_codecs_)[instance]->streaming();
 }
 
-PagedKvCache::Staging& PagedKvCache::StagingOf(Sequence& s, int64_t layer, bool is_v) const {
+KvStaging& PagedKvCache::StagingOf(Sequence& s, int64_t layer, bool is_v) const {
   return (is_v ? s.v_staging : s.k_staging)[static_cast<size_t>(layer)];
 }
-const PagedKvCache::Staging& PagedKvCache::StagingOf(const Sequence& s, int64_t layer,
-                                                     bool is_v) const {
+const KvStaging& PagedKvCache::StagingOf(const Sequence& s, int64_t layer, bool is_v) const {
   return (is_v ? s.v_staging : s.k_staging)[static_cast<size_t>(layer)];
 }
 
@@ -147,15 +193,14 @@ Status PagedKvCache::AddSequence(SeqId seq) {
   if (Find(seq) != nullptr) return Status::Error(SeqName(seq) + " exists");
   Sequence s;
   s.lengths.assign(static_cast<size_t>(shape_.num_layers), 0);
+  // The whole block table up front: appending a block never reallocates.
+  s.blocks.reserve(static_cast<size_t>(MaxBlocksPerSequence()));
   if (any_streaming_) {
     const size_t row = f16_codec_->RowBytes();
-    const size_t heads = static_cast<size_t>(shape_.num_kv_heads);
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
       for (bool is_v : {false, true}) {
-        const KvStreaming& st = Streaming(l, is_v);
-        Staging staging;
-        staging.ring.resize(heads * static_cast<size_t>(st.ResidualCapacity()) * row);
-        staging.sinks.resize(heads * static_cast<size_t>(st.sink_tokens) * row);
+        KvStaging staging;
+        staging.Allocate(Streaming(l, is_v), shape_.num_kv_heads, row);
         (is_v ? s.v_staging : s.k_staging).push_back(std::move(staging));
       }
     }
@@ -183,6 +228,7 @@ Status PagedKvCache::Fork(SeqId src, SeqId dst) {
     }
   }
   Sequence copy = *s;
+  copy.blocks.reserve(static_cast<size_t>(MaxBlocksPerSequence()));
   copy.staging_charge.clear();
   if (any_streaming_) KVQ_RETURN_IF_ERROR(ChargeStaging(copy).WithContext("fork"));
   for (BlockId b : s->blocks) allocator_->Ref(b);
@@ -207,7 +253,7 @@ Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
       for (bool is_v : {false, true}) {
         const KvStreaming& st = Streaming(l, is_v);
-        Staging& staging = StagingOf(*s, l, is_v);
+        KvStaging& staging = StagingOf(*s, l, is_v);
         if (st.Plain() || staging.encoded <= st.EncodedAt(length)) continue;
         const int64_t first = st.EncodedAt(length), last = std::min(length, staging.encoded);
         const int64_t capacity = st.ResidualCapacity();
@@ -293,7 +339,8 @@ void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t sta
                               const float* x) {
   const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
   const int64_t bt = layout_.block_tokens;
-  std::vector<float> head_rows(static_cast<size_t>(n * dim));  // [n, dim] of one KV head
+  if (head_rows_.size() < static_cast<size_t>(n * dim)) head_rows_.resize(n * dim);
+  float* head_rows = head_rows_.data();  // [n, dim] of one KV head
   for (int64_t h = 0; h < kv_heads; ++h) {
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(&head_rows[t * dim], x + (t * kv_heads + h) * dim, dim * sizeof(float));
@@ -302,7 +349,7 @@ void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t sta
     KvCodec& codec = is_v ? *v_codecs_[instance] : *k_codecs_[instance];
     char& calibrated = is_v ? v_calibrated_[instance] : k_calibrated_[instance];
     if (!calibrated) {
-      if (codec.NeedsCalibration()) codec.Calibrate(head_rows.data(), n);
+      if (codec.NeedsCalibration()) codec.Calibrate(head_rows, n);
       calibrated = 1;
     }
     const size_t offset = is_v ? layout_.VTileOffset(layer, h) : layout_.KTileOffset(layer, h);
@@ -337,18 +384,14 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
   KVQ_RETURN_IF_ERROR(PrepareWrite(*s, start / bt, (start + n - 1) / bt));
   const float* k_stored = Streaming(layer, /*is_v=*/false).pre_rope ? k_pre_rope : k;
   const float* v_stored = v;
-  std::vector<float> k_rotated, v_rotated;  // [n, kv_heads, head_dim]
-  if (options_.rotate) {
+  if (options_.rotate) {  // [n, kv_heads, head_dim] each, in reused buffers
     const int64_t rows = n * shape_.num_kv_heads;
-    k_rotated.assign(k_stored, k_stored + rows * shape_.head_dim);
-    v_rotated.assign(v_stored, v_stored + rows * shape_.head_dim);
-    // Create checked the dimension, the only way rotation can fail.
-    Status rotated_ok = HadamardRotate(k_rotated.data(), rows, shape_.head_dim);
-    rotated_ok = HadamardRotate(v_rotated.data(), rows, shape_.head_dim);
-    assert(rotated_ok.ok());
-    (void)rotated_ok;
-    k_stored = k_rotated.data();
-    v_stored = v_rotated.data();
+    rotated_k_.assign(k_stored, k_stored + rows * shape_.head_dim);
+    rotated_v_.assign(v_stored, v_stored + rows * shape_.head_dim);
+    KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_k_.data(), rows, shape_.head_dim));
+    KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_v_.data(), rows, shape_.head_dim));
+    k_stored = rotated_k_.data();
+    v_stored = rotated_v_.data();
   }
   AppendStreaming(*s, layer, /*is_v=*/false, start, n, k_stored);
   AppendStreaming(*s, layer, /*is_v=*/true, start, n, v_stored);
@@ -360,76 +403,39 @@ void PagedKvCache::AppendStreaming(Sequence& s, int64_t layer, bool is_v, int64_
                                    const float* x) {
   const KvStreaming& st = Streaming(layer, is_v);
   if (st.Plain()) return EncodeRows(s, layer, is_v, start, n, x);
-  const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
-  const size_t row = f16_codec_->RowBytes();
-  const int64_t capacity = st.ResidualCapacity(), sinks = st.sink_tokens;
-  Staging& staging = StagingOf(s, layer, is_v);
-  // Every input goes through f16 first (the residual's precision), so a token
-  // is encoded from the same values whether it waited in the ring or not.
-  std::vector<uint8_t> half(static_cast<size_t>(n * kv_heads) * row);   // [n, kv_heads] f16 rows
-  std::vector<float> rounded(static_cast<size_t>(n * kv_heads * dim));  // [n, kv_heads, dim]
-  f16_codec_->Encode(x, n * kv_heads, half.data());
-  f16_codec_->Decode(half.data(), n * kv_heads, rounded.data());
-  auto new_row = [&](int64_t p, int64_t h) {
-    return &half[static_cast<size_t>((p - start) * kv_heads + h) * row];
-  };
-  for (int64_t p = start; p < std::min(start + n, sinks); ++p) {
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      std::memcpy(&staging.sinks[static_cast<size_t>(h * sinks + p) * row], new_row(p, h), row);
-    }
-  }
-  const int64_t total = start + n, encoded_old = staging.encoded;
-  const int64_t encoded_new = st.EncodedAt(total);
-  if (encoded_new > encoded_old) {
-    std::vector<float> due(static_cast<size_t>((encoded_new - encoded_old) * kv_heads * dim));
-    for (int64_t p = encoded_old; p < encoded_new; ++p) {
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        float* dst = &due[static_cast<size_t>(((p - encoded_old) * kv_heads + h) * dim)];
-        if (p < start) {
-          f16_codec_->Decode(&staging.ring[static_cast<size_t>(h * capacity + p % capacity) * row],
-                             1, dst);
-        } else {
-          std::memcpy(dst, &rounded[static_cast<size_t>(((p - start) * kv_heads + h) * dim)],
-                      dim * sizeof(float));
-        }
-      }
-    }
-    EncodeRows(s, layer, is_v, encoded_old, encoded_new - encoded_old, due.data());
-    staging.encoded = encoded_new;
-  }
-  for (int64_t p = std::max(start, encoded_new); p < total; ++p) {
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      std::memcpy(&staging.ring[static_cast<size_t>(h * capacity + p % capacity) * row],
-                  new_row(p, h), row);
-    }
+  KvStaging& staging = StagingOf(s, layer, is_v);
+  const KvDue due =
+      StageTokens(st, staging, *f16_codec_, shape_.num_kv_heads, start, n, x, &staging_scratch_);
+  if (due.count > 0) {
+    EncodeRows(s, layer, is_v, due.first, due.count, staging_scratch_.due.data());
+    staging.encoded = due.first + due.count;
   }
 }
 
-void PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
-                          float* out) const {
+Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                            float* out) const {
   const Sequence* s = Find(seq);
-  const int64_t q_count = n * shape_.num_heads * shape_.head_dim;
-  // The interface has no error path here; the forward pass only attends after
-  // a successful Append, so these guard against misuse in tests and tools.
-  if (s == nullptr || layer < 0 || layer >= shape_.num_layers || n <= 0 ||
-      n > s->lengths[static_cast<size_t>(layer)]) {
-    assert(false && "Attend on an unknown sequence or more queries than stored tokens");
-    if (n > 0) std::fill(out, out + q_count, 0.0f);
-    return;
+  if (s == nullptr) return Status::Error("attend: unknown " + SeqName(seq));
+  if (layer < 0 || layer >= shape_.num_layers) {
+    return Status::Error("attend: layer " + std::to_string(layer) + " outside [0, " +
+                         std::to_string(shape_.num_layers) + ")");
+  }
+  const int64_t stored = s->lengths[static_cast<size_t>(layer)];
+  if (n <= 0 || n > stored) {
+    return Status::Error("attend: " + std::to_string(n) + " queries for " + std::to_string(stored) +
+                         " stored tokens of " + SeqName(seq));
   }
   if (!options_.rotate) {
     AttendTiles(*s, layer, n, q, scale, out);
-    return;
+    return Status::Ok();
   }
   // H orthogonal: (Hq)·(Hk) = q·k, and sum p (Hv) = H (sum p v), so the output
   // is unrotated once at the end.
-  std::vector<float> q_rotated(q, q + q_count);  // [n, num_heads, head_dim]
-  // Create checked the dimension, the only way rotation can fail.
-  Status rotated_ok = HadamardRotate(q_rotated.data(), n * shape_.num_heads, shape_.head_dim);
-  AttendTiles(*s, layer, n, q_rotated.data(), scale, out);
-  rotated_ok = HadamardUnrotate(out, n * shape_.num_heads, shape_.head_dim);
-  assert(rotated_ok.ok());
-  (void)rotated_ok;
+  const int64_t q_count = n * shape_.num_heads * shape_.head_dim;
+  rotated_q_.assign(q, q + q_count);  // [n, num_heads, head_dim]
+  KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_q_.data(), n * shape_.num_heads, shape_.head_dim));
+  AttendTiles(*s, layer, n, rotated_q_.data(), scale, out);
+  return HadamardUnrotate(out, n * shape_.num_heads, shape_.head_dim);
 }
 
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,
@@ -450,30 +456,23 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
   const int64_t chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);
   const int64_t chunk = chunk_blocks * bt;  // tokens per softmax step
   // Split-K partial results, merged below: running max, sum and unnormalized
-  // accumulator per task and row.
-  std::vector<float> part_max, part_sum, part_acc;  // [tasks, max_rows], same, [.., dim]
-  if (splits > 1) {
-    part_max.resize(static_cast<size_t>(num_tasks * max_rows));
-    part_sum.resize(static_cast<size_t>(num_tasks * max_rows));
-    part_acc.resize(static_cast<size_t>(num_tasks * max_rows * dim));
-  }
+  // accumulator per task and row (buffers sized in AllocateRunState: fewer
+  // than 2 * threads tasks when there are splits).
+  float* part_max = part_max_.data();  // [tasks, max_rows]
+  float* part_sum = part_sum_.data();  // [tasks, max_rows]
+  float* part_acc = part_acc_.data();  // [tasks, max_rows, dim]
   const int threads = static_cast<int>(std::min<int64_t>(num_threads_, num_tasks));
-  size_t prepared_bytes = 0;
-  for (int64_t g = 0; g < kv_heads; ++g) {
-    prepared_bytes = std::max(
-        prepared_bytes,
-        k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PreparedQueryBytes(max_rows));
-  }
 
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> q_rows(static_cast<size_t>(max_rows * dim));   // [rows, dim]
-    std::vector<float> probs(static_cast<size_t>(max_rows * chunk));  // [rows, chunk]
-    std::vector<float> acc(static_cast<size_t>(max_rows * dim));      // [rows, dim]
-    std::vector<float> row_max(static_cast<size_t>(max_rows));
-    std::vector<float> row_sum(static_cast<size_t>(max_rows));
-    std::vector<float> scratch(static_cast<size_t>(ScratchFloats(max_rows)));
-    std::vector<uint8_t> prepared(prepared_bytes);
+    ThreadScratch& ts = thread_scratch_[static_cast<size_t>(omp_get_thread_num())];
+    float* q_rows = ts.q_rows.data();    // [rows, dim]
+    float* probs = ts.probs.data();      // [rows, chunk]
+    float* acc = ts.acc.data();          // [rows, dim]
+    float* row_max = ts.row_max.data();  // [rows]
+    float* row_sum = ts.row_sum.data();  // [rows]
+    float* scratch = ts.block.data();
+    uint8_t* prepared = ts.prepared.data();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < num_tasks; ++task) {
       const int64_t split = task % splits;
@@ -486,24 +485,23 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
         std::memcpy(&q_rows[(i - i0) * group * dim], q + (i * heads + g * group) * dim,
                     group * dim * sizeof(float));
       }
-      k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PrepareQuery(q_rows.data(), rows,
-                                                                         prepared.data());
+      k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PrepareQuery(q_rows, rows, prepared);
       // Query i sees tokens [0, total - n + i]; the tile's last query sees most.
       const int64_t first_visible = total - n + i0 + 1;
       const int64_t visible_end = total - n + i1;
       const int64_t num_blocks = (visible_end + bt - 1) / bt;
       const int64_t b0 = num_blocks * split / splits, b1 = num_blocks * (split + 1) / splits;
-      std::fill_n(row_max.begin(), rows, kNegInf);
-      std::fill_n(row_sum.begin(), rows, 0.0f);
-      std::fill_n(acc.begin(), rows * dim, 0.0f);
+      std::fill_n(row_max, rows, kNegInf);
+      std::fill_n(row_sum, rows, 0.0f);
+      std::fill_n(acc, rows * dim, 0.0f);
       for (int64_t c0 = b0; c0 < b1; c0 += chunk_blocks) {
         const int64_t c1 = std::min(b1, c0 + chunk_blocks);
         const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
         for (int64_t b = c0; b < c1; ++b) {
           const int64_t t0 = b * bt;
           if (b + 1 < b1) PrefetchBlock(s, layer, g, b + 1);
-          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows.data(),
-                      prepared.data(), rows, scale, &probs[t0 - t_begin], chunk, scratch.data());
+          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows, prepared, rows,
+                      scale, &probs[t0 - t_begin], chunk, scratch);
         }
         const bool masked = t_begin + count > first_visible;
         for (int64_t r = 0; r < rows; ++r) {
@@ -519,7 +517,7 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
         for (int64_t b = c0; b < c1; ++b) {
           const int64_t t0 = b * bt;
           BlockAccumulateV(s, layer, g, t0, std::min(bt, visible_end - t0), &probs[t0 - t_begin],
-                           rows, chunk, acc.data(), scratch.data());
+                           rows, chunk, acc, scratch);
         }
       }
       if (splits == 1) {
@@ -530,9 +528,9 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
           for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
         }
       } else {
-        std::copy_n(row_max.begin(), rows, part_max.begin() + task * max_rows);
-        std::copy_n(row_sum.begin(), rows, part_sum.begin() + task * max_rows);
-        std::copy_n(acc.begin(), rows * dim, part_acc.begin() + task * max_rows * dim);
+        std::copy_n(row_max, rows, part_max + task * max_rows);
+        std::copy_n(row_sum, rows, part_sum + task * max_rows);
+        std::copy_n(acc, rows * dim, part_acc + task * max_rows * dim);
       }
     }
   }
@@ -596,36 +594,24 @@ void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, i
   if (st.Plain()) {
     return codec.ScoresPrepared(tile, count, q, prepared, rows, scale, scores, stride);
   }
-  // Tokens [first, first + n) stored as n rows of `rows_codec` at `data`.
-  auto score = [&](const KvCodec& rows_codec, const uint8_t* data, int64_t first, int64_t n) {
-    float* out = scores + (first - t0);
-    if (!st.pre_rope) {
-      if (&rows_codec == &codec) {
-        return codec.ScoresPrepared(data, n, q, prepared, rows, scale, out, stride);
-      }
-      return rows_codec.Scores(data, n, q, rows, scale, out, stride);
-    }
-    // K was stored before RoPE: rotate the decoded rows to their positions.
-    rows_codec.Decode(data, n, scratch);  // [n, dim]
-    rope_table_->Apply(first, n, scratch);
-    f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), n, q, rows, scale, out, stride);
-  };
-  const Staging& staging = StagingOf(s, layer, /*is_v=*/false);
-  const int64_t t1 = t0 + count, sinks = st.sink_tokens, capacity = st.ResidualCapacity();
-  const size_t row = f16_codec_->RowBytes();
-  // Encoded tiles start at the block start (tile codecs need a tile start).
-  const int64_t encoded_end = std::min(t1, staging.encoded);
-  if (encoded_end > t0) score(codec, tile, t0, encoded_end - t0);
-  for (int64_t p = std::max({t0, staging.encoded, sinks}); p < t1;) {
-    const int64_t slot = p % capacity, run = std::min(t1 - p, capacity - slot);
-    score(*f16_codec_, &staging.ring[static_cast<size_t>(head * capacity + slot) * row], p, run);
-    p += run;
-  }
-  // The sinks' f16 rows replace whatever the encoded tile gave them.
-  if (sinks > t0) {
-    score(*f16_codec_, &staging.sinks[static_cast<size_t>(head * sinks + t0) * row], t0,
-          std::min(t1, sinks) - t0);
-  }
+  // The sinks come last: their f16 scores replace the encoded ones.
+  const KvStaging& staging = StagingOf(s, layer, /*is_v=*/false);
+  ForEachKvSegment(
+      st, staging, head, f16_codec_->RowBytes(), tile, t0, count, [&](const KvSegment& seg) {
+        const KvCodec& rows_codec = seg.kind == KvSegment::kEncoded ? codec : *f16_codec_;
+        float* out = scores + (seg.first - t0);
+        if (!st.pre_rope) {
+          if (seg.kind == KvSegment::kEncoded) {
+            return codec.ScoresPrepared(seg.rows, seg.count, q, prepared, rows, scale, out, stride);
+          }
+          return rows_codec.Scores(seg.rows, seg.count, q, rows, scale, out, stride);
+        }
+        // K was stored before RoPE: rotate the decoded rows to their positions.
+        rows_codec.Decode(seg.rows, seg.count, scratch);  // [count, dim]
+        rope_table_->Apply(seg.first, seg.count, scratch);
+        f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), seg.count, q, rows, scale,
+                           out, stride);
+      });
 }
 
 void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
@@ -637,33 +623,24 @@ void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t he
       allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
       layout_.VTileOffset(layer, head);
   if (st.Plain()) return codec.AccumulateV(tile, count, p, rows, stride, acc);
-  const Staging& staging = StagingOf(s, layer, /*is_v=*/true);
-  const int64_t t1 = t0 + count, sinks = st.sink_tokens, capacity = st.ResidualCapacity();
-  const size_t row = f16_codec_->RowBytes();
-  const int64_t encoded_end = std::min(t1, staging.encoded);
-  if (encoded_end > t0) {
-    const int64_t n = encoded_end - t0;
-    if (sinks > t0) {
-      // The sinks are read from their f16 rows below: weight 0 here.
-      for (int64_t r = 0; r < rows; ++r) {
-        std::copy_n(p + r * stride, n, scratch + r * n);
-        std::fill_n(scratch + r * n, std::min(sinks, encoded_end) - t0, 0.0f);
-      }
-      codec.AccumulateV(tile, n, scratch, rows, n, acc);
-    } else {
-      codec.AccumulateV(tile, n, p, rows, stride, acc);
-    }
-  }
-  for (int64_t t = std::max({t0, staging.encoded, sinks}); t < t1;) {
-    const int64_t slot = t % capacity, run = std::min(t1 - t, capacity - slot);
-    f16_codec_->AccumulateV(&staging.ring[static_cast<size_t>(head * capacity + slot) * row], run,
-                            p + (t - t0), rows, stride, acc);
-    t += run;
-  }
-  if (sinks > t0) {
-    f16_codec_->AccumulateV(&staging.sinks[static_cast<size_t>(head * sinks + t0) * row],
-                            std::min(t1, sinks) - t0, p, rows, stride, acc);
-  }
+  const KvStaging& staging = StagingOf(s, layer, /*is_v=*/true);
+  ForEachKvSegment(
+      st, staging, head, f16_codec_->RowBytes(), tile, t0, count, [&](const KvSegment& seg) {
+        const float* weights = p + (seg.first - t0);
+        if (seg.kind != KvSegment::kEncoded) {
+          return f16_codec_->AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
+        }
+        if (seg.shadowed == 0) {
+          return codec.AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
+        }
+        // The sinks are read from their f16 rows: weight 0 here.
+        const int64_t n = seg.count;
+        for (int64_t r = 0; r < rows; ++r) {
+          std::copy_n(weights + r * stride, n, scratch + r * n);
+          std::fill_n(scratch + r * n, seg.shadowed, 0.0f);
+        }
+        codec.AccumulateV(seg.rows, n, scratch, rows, n, acc);
+      });
 }
 
 void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int64_t head,
@@ -672,31 +649,29 @@ void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int
   const KvCodec& codec =
       *(is_v ? v_codecs_ : k_codecs_)[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
   const KvStreaming& st = codec.streaming();
-  const int64_t encoded = st.Plain() ? t0 + count : StagingOf(s, layer, is_v).encoded;
   const size_t offset = is_v ? layout_.VTileOffset(layer, head) : layout_.KTileOffset(layer, head);
+  const KvStaging no_staging;
+  const KvStaging& staging = st.Plain() ? no_staging : StagingOf(s, layer, is_v);
   std::vector<float> block_rows(static_cast<size_t>(bt * dim));  // [bt, dim]
-  int64_t decoded_block = -1;
-  const size_t row = f16_codec_->RowBytes();
-  const int64_t sinks = st.sink_tokens, capacity = st.ResidualCapacity();
-  for (int64_t p = t0; p < t0 + count; ++p) {
-    float* dst = x + (p - t0) * dim;
-    if (p < sinks) {
-      f16_codec_->Decode(
-          &StagingOf(s, layer, is_v).sinks[static_cast<size_t>(head * sinks + p) * row], 1, dst);
-    } else if (p >= encoded) {
-      f16_codec_->Decode(&StagingOf(s, layer, is_v)
-                              .ring[static_cast<size_t>(head * capacity + p % capacity) * row],
-                         1, dst);
-    } else {
-      const int64_t b = p / bt;
-      if (b != decoded_block) {
-        // Whole tiles from the block start (tile codecs decode from a tile start).
-        codec.Decode(allocator_->BlockData(s.blocks[static_cast<size_t>(b)]) + offset,
-                     std::min(bt, encoded - b * bt), block_rows.data());
-        decoded_block = b;
-      }
-      std::memcpy(dst, &block_rows[static_cast<size_t>((p - b * bt) * dim)], dim * sizeof(float));
+  for (int64_t b = t0 / bt; b * bt < t0 + count; ++b) {
+    const int64_t b0 = b * bt, b1 = std::min((b + 1) * bt, t0 + count);
+    const uint8_t* tile = allocator_->BlockData(s.blocks[static_cast<size_t>(b)]) + offset;
+    // A plain codec has every token encoded.
+    KvStaging plain;
+    const KvStaging* view = &staging;
+    if (st.Plain()) {
+      plain.encoded = b1;
+      view = &plain;
     }
+    // Segments in order: later ones (sinks) overwrite the encoded rows.
+    ForEachKvSegment(
+        st, *view, head, f16_codec_->RowBytes(), tile, b0, b1 - b0, [&](const KvSegment& seg) {
+          const KvCodec& rows_codec = seg.kind == KvSegment::kEncoded ? codec : *f16_codec_;
+          rows_codec.Decode(seg.rows, seg.count, &block_rows[(seg.first - b0) * dim]);
+        });
+    const int64_t from = std::max(t0, b0);
+    std::memcpy(x + (from - t0) * dim, &block_rows[static_cast<size_t>((from - b0) * dim)],
+                static_cast<size_t>((b1 - from) * dim) * sizeof(float));
   }
 }
 

@@ -6,9 +6,15 @@
 //
 // Streaming codecs (KvStreaming, codec.h) add per-sequence f16 staging: a
 // ring of the newest unencoded tokens (KIVI's residual) and the first
-// `sink_tokens` tokens. Attention reads each token from where it lives: the
-// sinks, the encoded blocks, or the ring. Every token still has its slot in a
-// block (written when it is encoded), so block accounting is unchanged.
+// `sink_tokens` tokens, kept by kv/streaming.h, whose segment iterator says
+// where each token lives (sinks, encoded blocks, ring). Every token still has
+// its slot in a block (written when it is encoded), so block accounting is
+// unchanged.
+//
+// Run state is allocated once: per-thread attention scratch when the cache
+// is made, encode and staging buffers grown to the largest append seen, so
+// decoding a token allocates nothing. Attend is therefore not reentrant (one
+// forward pass at a time per cache, as everywhere in kvq).
 #pragma once
 
 #include <map>
@@ -22,6 +28,7 @@
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_factory.h"
+#include "kv/streaming.h"
 
 namespace kvq {
 
@@ -38,8 +45,8 @@ class PagedKvCache final : public KvCache {
   int64_t Capacity(SeqId seq) const override;
   Status Append(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope, const float* k,
                 const float* v) override;
-  void Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
-              float* out) const override;
+  Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                float* out) const override;
   size_t BytesUsed() const override;
   KvUsage Usage() const override;
   const char* TypeName() const override { return type_name_.c_str(); }
@@ -55,17 +62,11 @@ class PagedKvCache final : public KvCache {
   Status DecodeLayer(SeqId seq, int64_t layer, float* k, float* v) const;
 
  private:
-  // f16 rows of one (layer, K or V) that are not (only) in blocks.
-  struct Staging {
-    int64_t encoded = 0;         // tokens [0, encoded) are in blocks
-    std::vector<uint8_t> ring;   // [kv_heads, capacity, f16 row]: token p at slot p % capacity
-    std::vector<uint8_t> sinks;  // [kv_heads, sink_tokens, f16 row]
-  };
   struct Sequence {
-    std::vector<BlockId> blocks;                // logical block j -> physical block
-    std::vector<int64_t> lengths;               // [num_layers] tokens stored per layer
-    std::vector<BlockId> staging_charge;        // blocks charged for the staging below
-    std::vector<Staging> k_staging, v_staging;  // [num_layers]
+    std::vector<BlockId> blocks;                  // logical block j -> physical block
+    std::vector<int64_t> lengths;                 // [num_layers] tokens stored per layer
+    std::vector<BlockId> staging_charge;          // blocks charged for the staging below
+    std::vector<KvStaging> k_staging, v_staging;  // [num_layers] (kv/streaming.h)
   };
 
   PagedKvCache(const KvShape& shape, const KvCacheOptions& options, const KvLayout& layout);
@@ -73,6 +74,9 @@ class PagedKvCache final : public KvCache {
   // allocates missing blocks up to `last`. Checks the budget first, so a
   // failure changes nothing.
   Status PrepareWrite(Sequence& s, int64_t first_block, int64_t last_block);
+  int64_t MaxBlocksPerSequence() const {
+    return (options_.max_tokens + layout_.block_tokens - 1) / layout_.block_tokens;
+  }
   // Free blocks this sequence can still fill, counting the copy a shared
   // partial last block would need.
   int64_t TokensThatFit(const Sequence& s) const;
@@ -85,8 +89,8 @@ class PagedKvCache final : public KvCache {
   void AppendStreaming(Sequence& s, int64_t layer, bool is_v, int64_t start, int64_t n,
                        const float* x);
   const KvStreaming& Streaming(int64_t layer, bool is_v) const;
-  Staging& StagingOf(Sequence& s, int64_t layer, bool is_v) const;
-  const Staging& StagingOf(const Sequence& s, int64_t layer, bool is_v) const;
+  KvStaging& StagingOf(Sequence& s, int64_t layer, bool is_v) const;
+  const KvStaging& StagingOf(const Sequence& s, int64_t layer, bool is_v) const;
   // Charges the staging blocks of a new sequence (or errors, changing nothing).
   Status ChargeStaging(Sequence& s);
   void AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q, float scale,
@@ -123,6 +127,22 @@ class PagedKvCache final : public KvCache {
   std::optional<ops::RopeTable> rope_table_;
   std::vector<char> k_calibrated_, v_calibrated_;
   std::map<SeqId, Sequence> sequences_;
+
+  // Attention scratch of one OpenMP thread (sized in Create for the largest
+  // task: max_rows query rows, a softmax chunk, the codecs' prepared query).
+  struct ThreadScratch {
+    std::vector<float> q_rows, probs, acc, row_max, row_sum, block;
+    std::vector<uint8_t> prepared;
+  };
+  Status AllocateRunState();
+  int64_t max_rows_ = 0;                               // query rows per task, at most
+  mutable std::vector<ThreadScratch> thread_scratch_;  // [num_threads_]
+  // Split-K partials: [tasks, max_rows], same, [tasks, max_rows, head_dim].
+  mutable std::vector<float> part_max_, part_sum_, part_acc_;
+  mutable std::vector<float> rotated_q_;  // --kv-rotate: q rotated, grown to the largest n
+  std::vector<float> head_rows_;          // EncodeRows: one KV head's rows
+  std::vector<float> rotated_k_, rotated_v_;
+  KvStagingScratch staging_scratch_;
 
   Sequence* Find(SeqId seq);
   const Sequence* Find(SeqId seq) const;

@@ -120,6 +120,10 @@ StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int
                        ops::RopeInvFreq(c.head_dim, static_cast<float>(c.rope_theta), scaling));
   model->rope_layout_ =
       c.rope_layout == RopeLayout::kPairs ? ops::RopeLayout::kPairs : ops::RopeLayout::kHalves;
+  // One decoded token's activations, allocated once here.
+  model->act_.Resize(1, c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+                     c.intermediate_size);
+  model->act_.rows.resize(static_cast<size_t>(c.hidden_size));
   return model;
 }
 
@@ -150,8 +154,14 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
 
   // Flatten the batch: token t of the whole batch has id tokens[t] at
   // position positions[t] of its own sequence.
-  std::vector<int32_t> tokens, positions;
-  std::vector<int64_t> output_rows;  // batch token indices whose logits are returned
+  // Run state (act_) is reused across calls: sized at Create for one decoded
+  // token, grown by the first larger batch, so decoding allocates nothing.
+  std::vector<int32_t>& tokens = act_.tokens;
+  std::vector<int32_t>& positions = act_.positions;
+  std::vector<int64_t>& output_rows = act_.output_rows;  // batch indices whose logits are returned
+  tokens.clear();
+  positions.clear();
+  output_rows.clear();
   for (const BatchSequence& s : batch) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (n == 0) return Status::Error("sequence " + std::to_string(s.seq) + " has no tokens");
@@ -175,15 +185,16 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
   const int64_t T = static_cast<int64_t>(tokens.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
-  std::vector<float> x(T * hidden);      // [T, hidden] residual stream
-  std::vector<float> xn(T * hidden);     // [T, hidden] normed input / sublayer output
-  std::vector<float> q(T * q_dim);       // [T, num_heads, head_dim]
-  std::vector<float> k_pre(T * kv_dim);  // [T, num_kv_heads, head_dim] before RoPE
-  std::vector<float> k(T * kv_dim);      // [T, num_kv_heads, head_dim] after RoPE
-  std::vector<float> v(T * kv_dim);      // [T, num_kv_heads, head_dim]
-  std::vector<float> attn(T * q_dim);    // [T, num_heads, head_dim]
-  std::vector<float> gate(T * ffn);      // [T, intermediate]
-  std::vector<float> up(T * ffn);        // [T, intermediate]
+  act_.Resize(T, hidden, q_dim, kv_dim, ffn);
+  std::vector<float>& x = act_.x;          // [T, hidden] residual stream
+  std::vector<float>& xn = act_.xn;        // [T, hidden] normed input / sublayer output
+  std::vector<float>& q = act_.q;          // [T, num_heads, head_dim]
+  std::vector<float>& k_pre = act_.k_pre;  // [T, num_kv_heads, head_dim] before RoPE
+  std::vector<float>& k = act_.k;          // [T, num_kv_heads, head_dim] after RoPE
+  std::vector<float>& v = act_.v;          // [T, num_kv_heads, head_dim]
+  std::vector<float>& attn = act_.attn;    // [T, num_heads, head_dim]
+  std::vector<float>& gate = act_.gate;    // [T, intermediate]
+  std::vector<float>& up = act_.up;        // [T, intermediate]
 
   ops::Embed(weights_.token_embd, tokens.data(), T, x.data());
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -211,7 +222,8 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
         observer->on_q(s.seq, l, n, q.data() + offset * q_dim);
       }
       KVQ_RETURN_IF_ERROR(cache.Append(s.seq, l, n, ks_pre, ks, vs));
-      cache.Attend(s.seq, l, n, q.data() + offset * q_dim, scale, attn.data() + offset * q_dim);
+      KVQ_RETURN_IF_ERROR(cache.Attend(s.seq, l, n, q.data() + offset * q_dim, scale,
+                                       attn.data() + offset * q_dim));
       offset += n;
     }
     ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_);
@@ -228,7 +240,8 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
 
   // Only the rows whose logits are wanted go through the final norm and head.
   const int64_t R = static_cast<int64_t>(output_rows.size());
-  std::vector<float> rows(R * hidden);  // [R, hidden]
+  std::vector<float>& rows = act_.rows;  // [R, hidden]
+  rows.resize(static_cast<size_t>(R * hidden));
   for (int64_t r = 0; r < R; ++r) {
     std::copy_n(x.data() + output_rows[r] * hidden, hidden, rows.data() + r * hidden);
   }

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -59,6 +61,32 @@ struct KvObserver {
   std::function<void(SeqId seq, int64_t layer, int64_t n, const float* q)> on_q;
 };
 
+// Forward's activations (llm.c's ActivationTensors): kept between calls and
+// only grown, so a decode step allocates nothing. Shapes for T tokens.
+struct ForwardActivations {
+  std::vector<int32_t> tokens, positions;  // [T]
+  std::vector<int64_t> output_rows;        // rows whose logits are returned
+  std::vector<float> x, xn;                // [T, hidden]
+  std::vector<float> q, attn;              // [T, num_heads * head_dim]
+  std::vector<float> k_pre, k, v;          // [T, num_kv_heads * head_dim]
+  std::vector<float> gate, up;             // [T, intermediate]
+  std::vector<float> rows;                 // [logit rows, hidden]
+  void Resize(int64_t T, int64_t hidden, int64_t q_dim, int64_t kv_dim, int64_t ffn) {
+    for (const auto& [buffer, width] :
+         std::initializer_list<std::pair<std::vector<float>*, int64_t>>{{&x, hidden},
+                                                                        {&xn, hidden},
+                                                                        {&q, q_dim},
+                                                                        {&attn, q_dim},
+                                                                        {&k_pre, kv_dim},
+                                                                        {&k, kv_dim},
+                                                                        {&v, kv_dim},
+                                                                        {&gate, ffn},
+                                                                        {&up, ffn}}) {
+      buffer->resize(static_cast<size_t>(T * width));
+    }
+  }
+};
+
 class Transformer {
  public:
   // Takes ownership of the loaded files (weights are used in place).
@@ -84,6 +112,7 @@ class Transformer {
   ops::RopeLayout rope_layout_ = ops::RopeLayout::kHalves;
   int num_threads_ = 1;
   ops::MatmulWorkspace workspace_;
+  ForwardActivations act_;
 };
 
 // Per layer, the L2 norm of each KV head's k_proj bias ([num_layers][num_kv_heads]); empty

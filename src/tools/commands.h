@@ -22,5 +22,6 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterStudyCommand(CLI::App& app, CommandContext& ctx);
 void RegisterTuneCommand(CLI::App& app, CommandContext& ctx);
 void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx);
+void RegisterHelpCommand(CLI::App& app, CommandContext& ctx);
 
 }  // namespace kvq

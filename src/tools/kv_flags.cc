@@ -4,7 +4,10 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
+#include "kv/codec_registry.h"
 #include "kv/kv_policy.h"
 
 namespace kvq {
@@ -19,19 +22,16 @@ size_t TotalRamBytes() {
 }  // namespace
 
 void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
-  const char* types =
-      "f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, int2 (integer options as suffixes: "
-      "int4-g64, int4-g32-sym, per channel int2-c32; defaults group 32, asymmetric; streaming "
-      "options -rN newest N tokens in f16, -sN first N in f16), schemes kivi2, kivi4, gear2, "
-      "gear4 (GEAR codecs: gear2-c64-rank4-iter3-out2 for K, gear2-g32-t64-rank4-iter3-out2 "
-      "for V), kvquant2, kvquant3, kvquant4 (need --kv-calibration), or K/V pairs like "
-      "f16/int4";
+  const std::string types = KvCacheTypesSummary();
+  const std::string aliases =
+      " (llama.cpp's and vLLM's spellings map to the closest kvq codec: " + KvAliasesSummary() +
+      "; `kvq help cache-types` says how close)";
   cmd.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
-                 std::string("KV cache type for K and V: ") + types + " (default f16)");
+                 "KV cache type for K and V: " + types + " (default f16)" + aliases);
   cmd.add_option("--cache-type-k", flags->cache_type_k,
-                 "KV cache type for K only (default: --kv-cache-dtype)");
+                 "KV cache type for K only, also -ctk (default: --kv-cache-dtype)" + aliases);
   cmd.add_option("--cache-type-v", flags->cache_type_v,
-                 "KV cache type for V only (default: --kv-cache-dtype)");
+                 "KV cache type for V only, also -ctv (default: --kv-cache-dtype)");
   cmd.add_flag("--kv-rotate", flags->rotate,
                "Hadamard-rotate K, q and V per head before encoding (output unrotated); "
                "needs a power-of-two head_dim (default off)");
@@ -50,8 +50,12 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
                  "Calibration file from `kvq calibrate` (needed by kvquant2/3/4 and nuq* types)");
   cmd.add_option("--k-bits", flags->kivi_k_bits, "KIVI: key bits 2, 4 or 8 (sets a KIVI cache)");
   cmd.add_option("--v-bits", flags->kivi_v_bits, "KIVI: value bits 2, 4 or 8 (sets a KIVI cache)");
-  cmd.add_option("--group-size", flags->kivi_group,
-                 "KIVI: group size 32, 64 or 128 (K: tokens, V: channels; default 32)");
+  cmd.add_option_function<int>(
+      "--nbits", [flags](int bits) { flags->kivi_k_bits = flags->kivi_v_bits = bits; },
+      "KIVI: key and value bits 2, 4 or 8 (Hugging Face's nbits; sets a KIVI cache)");
+  cmd.add_option("--group-size,--q-group-size", flags->kivi_group,
+                 "KIVI: group size 32, 64 or 128 (K: tokens, V: channels; default 32; "
+                 "--q-group-size is Hugging Face's word)");
   cmd.add_option("--residual-length", flags->kivi_residual,
                  "KIVI: newest tokens kept in f16, a multiple of the group (default 128)");
 }
@@ -95,7 +99,24 @@ StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_toke
   if (!flags.memory.empty()) {
     KVQ_ASSIGN_OR_RETURN(options.memory_bytes, ParseKvMemory(flags.memory, TotalRamBytes()));
   }
+  // Parsed once here; the cache and the planner take the typed specs.
+  KVQ_ASSIGN_OR_RETURN(options.types,
+                       ParseKvCacheTypes(options.k_type, options.v_type, options.policy));
   return options;
+}
+
+std::vector<std::string> KvFlagArgs(int argc, const char* const* argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    for (const auto& [short_name, long_name] :
+         {std::pair<std::string, std::string>{"-ctk", "--cache-type-k"},
+          std::pair<std::string, std::string>{"-ctv", "--cache-type-v"}}) {
+      if (args[i] == short_name || args[i].rfind(short_name + "=", 0) == 0) {
+        args[i] = long_name + args[i].substr(short_name.size());
+      }
+    }
+  }
+  return args;
 }
 
 }  // namespace kvq

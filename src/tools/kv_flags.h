@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "kv/kv_factory.h"
@@ -34,5 +35,10 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags);
 // max_tokens: the per-sequence limit (the context); threads: Attend's OpenMP
 // threads. Errors name the bad flag.
 StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens, int threads);
+
+// argv with llama.cpp's -ctk / -ctv spelled --cache-type-k / --cache-type-v:
+// CLI11 takes one-letter short options only, so "-ctk q8_0" would otherwise
+// read as -c tk. Everything after "--" is left alone.
+std::vector<std::string> KvFlagArgs(int argc, const char* const* argv);
 
 }  // namespace kvq

@@ -1,7 +1,10 @@
 // kvq command-line entry point: parses flags, calls the engine, prints.
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 #include "tools/commands.h"
+#include "tools/kv_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvq: KV-cache quantization engine and lab"};
@@ -18,6 +21,11 @@ int main(int argc, char** argv) {
   kvq::RegisterServeCommand(app, ctx);
   kvq::RegisterStudyCommand(app, ctx);
   kvq::RegisterTuneCommand(app, ctx);
-  CLI11_PARSE(app, argc, argv);
+  kvq::RegisterHelpCommand(app, ctx);
+  // -ctk / -ctv (llama.cpp) become --cache-type-k / --cache-type-v first.
+  const std::vector<std::string> args = kvq::KvFlagArgs(argc, argv);
+  std::vector<const char*> argv_fixed;
+  for (const std::string& a : args) argv_fixed.push_back(a.c_str());
+  CLI11_PARSE(app, static_cast<int>(argv_fixed.size()), argv_fixed.data());
   return ctx.exit_code;
 }

@@ -47,7 +47,7 @@ void CheckAgainstReference(DenseKvType type, const Case& c, uint32_t seed) {
     const int64_t total = static_cast<int64_t>(all_k.size()) / row;
     ASSERT_EQ(cache->Length(0, 0), total);
     std::vector<float> out(q.size()), expected(q.size());
-    cache->Attend(0, 0, n, q.data(), scale, out.data());
+    ASSERT_TRUE(cache->Attend(0, 0, n, q.data(), scale, out.data()).ok());
     AttentionRef(q.data(), all_k.data(), all_v.data(), n, total, c.heads, c.kv_heads, c.head_dim,
                  scale, expected.data());
     // Outputs are convex combinations of V rows (|v| ~ N(0,1), so |out| <~ 4);
@@ -115,7 +115,7 @@ TEST(DenseKvCache, ForkCopiesAndTruncateKeepsAPrefix) {
   const float scale = 0.25f;
   for (SeqId seq : {0, 1}) {
     const int64_t total = cache->Length(seq, 0);
-    cache->Attend(seq, 0, 1, q.data(), scale, out.data());
+    ASSERT_TRUE(cache->Attend(seq, 0, 1, q.data(), scale, out.data()).ok());
     AttentionRef(q.data(), k.data(), v.data(), 1, total, 4, 2, 16, scale, expected.data());
     // Same f32 values, different summation order: see the bound above.
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-4);

@@ -396,8 +396,8 @@ TEST(GearCodec, CacheStreamsLikePrefillAndPlannerBytesAreAllocated) {
     for (int64_t i = 320 * row; i < tokens * row; ++i) ASSERT_EQ(v1[i], RoundF16(v[l][i]));
     const auto q = Normal(static_cast<size_t>(shape.num_heads * shape.head_dim), rng);
     std::vector<float> a(q.size()), b(q.size());
-    (*once)->Attend(0, l, 1, q.data(), 0.125f, a.data());
-    (*stepwise)->Attend(0, l, 1, q.data(), 0.125f, b.data());
+    ASSERT_TRUE((*once)->Attend(0, l, 1, q.data(), 0.125f, a.data()).ok());
+    ASSERT_TRUE((*stepwise)->Attend(0, l, 1, q.data(), 0.125f, b.data()).ok());
     ASSERT_EQ(a, b);
   }
   // 333 tokens: 6 blocks of 64 each, plus the staging charged per sequence.

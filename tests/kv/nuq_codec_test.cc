@@ -394,7 +394,7 @@ TEST(KvQuantCache, PreRopeAttentionMatchesReferenceOnDecodedRopedKeys) {
   const int64_t n = 9;
   const auto q = Normal(static_cast<size_t>(n * 6 * 64), rng);
   std::vector<float> out(q.size()), expected(q.size()), exact(q.size());
-  (*cache)->Attend(0, 0, n, q.data(), 0.125f, out.data());
+  ASSERT_TRUE((*cache)->Attend(0, 0, n, q.data(), 0.125f, out.data()).ok());
   std::vector<float> dk(k.size()), dv(v.size());
   ASSERT_TRUE((*cache)->DecodeLayer(0, 0, dk.data(), dv.data()).ok());
   // The first token is a sink: kept in f16, so it decodes to f16(k_pre).

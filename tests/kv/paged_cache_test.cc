@@ -182,7 +182,7 @@ void CheckAttend(const PagedKvCache& cache, const KvShape& shape, SeqId seq, int
   const auto q = RandomVector(static_cast<size_t>(n * shape.num_heads * shape.head_dim), rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   std::vector<float> out(q.size()), expected(q.size());
-  cache.Attend(seq, layer, n, q.data(), scale, out.data());
+  ASSERT_TRUE(cache.Attend(seq, layer, n, q.data(), scale, out.data()).ok());
   if (!rotate) {  // decoded rows live in the rotated domain when rotating
     std::vector<float> k(static_cast<size_t>(total * row)), v(k.size());
     ASSERT_TRUE(cache.DecodeLayer(seq, layer, k.data(), v.data()).ok());
@@ -382,7 +382,7 @@ TEST(PagedKvCache, RotatedLossyCodecsMatchReferenceInTheRotatedDomain) {
       auto q = RandomVector(static_cast<size_t>(n * 8 * 64), rng);
       std::vector<float> out(q.size()), expected(q.size());
       const float scale = 0.125f;
-      cache->Attend(0, 0, n, q.data(), scale, out.data());
+      ASSERT_TRUE(cache->Attend(0, 0, n, q.data(), scale, out.data()).ok());
       std::vector<float> k(static_cast<size_t>(total * 2 * 64)), v(k.size());
       ASSERT_TRUE(cache->DecodeLayer(0, 0, k.data(), v.data()).ok());
       ASSERT_TRUE(HadamardRotate(q.data(), n * 8, 64).ok());

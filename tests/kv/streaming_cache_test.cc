@@ -159,8 +159,8 @@ TEST(KvStreaming, KiviWithResidualBeyondContextEqualsF16) {
     for (auto* cache : {kivi.get(), f16.get()}) AppendRange(*cache, shape, 0, data, step, step + 1);
     for (int64_t l = 0; l < shape.num_layers; ++l) {
       std::vector<float> a(q.size()), b(q.size());
-      kivi->Attend(0, l, 1, q.data(), 0.125f, a.data());
-      f16->Attend(0, l, 1, q.data(), 0.125f, b.data());
+      ASSERT_TRUE(kivi->Attend(0, l, 1, q.data(), 0.125f, a.data()).ok());
+      ASSERT_TRUE(f16->Attend(0, l, 1, q.data(), 0.125f, b.data()).ok());
       for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "layer " << l << " i " << i;
     }
   }
@@ -195,8 +195,8 @@ TEST(KvStreaming, TokenByTokenEqualsPrefill) {
     }
     const auto q = Normal(static_cast<size_t>(shape.num_heads * shape.head_dim), rng);
     std::vector<float> a(q.size()), b(q.size());
-    once->Attend(0, 0, 1, q.data(), 0.125f, a.data());
-    stepwise->Attend(0, 0, 1, q.data(), 0.125f, b.data());
+    ASSERT_TRUE(once->Attend(0, 0, 1, q.data(), 0.125f, a.data()).ok());
+    ASSERT_TRUE(stepwise->Attend(0, 0, 1, q.data(), 0.125f, b.data()).ok());
     for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]);
   }
 }
@@ -344,9 +344,9 @@ TEST(KvStreaming, PreRopeKeysMatchOrdinaryCache) {
   const int64_t n = 50;
   const auto q = Normal(static_cast<size_t>(n * shape.num_heads * 64), rng);
   std::vector<float> a(q.size()), b(q.size()), c(q.size());
-  pre->Attend(0, 0, n, q.data(), 0.125f, a.data());
-  post->Attend(0, 0, n, q.data(), 0.125f, b.data());
-  exact->Attend(0, 0, n, q.data(), 0.125f, c.data());
+  ASSERT_TRUE(pre->Attend(0, 0, n, q.data(), 0.125f, a.data()).ok());
+  ASSERT_TRUE(post->Attend(0, 0, n, q.data(), 0.125f, b.data()).ok());
+  ASSERT_TRUE(exact->Attend(0, 0, n, q.data(), 0.125f, c.data()).ok());
   double pre_err = 0, post_err = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     pre_err += std::pow(a[i] - c[i], 2);

@@ -1,0 +1,84 @@
+#!/bin/sh
+# Every registered KV cache type and alias (`kvq help cache-types --names`,
+# i.e. the codec registry) through generate, perplexity, plan and serve
+# startup on the shipped model, plus llama.cpp's -ctk/-ctv spellings and
+# Hugging Face's KIVI words. A few tokens each: this checks the vocabulary
+# is accepted end to end, not quality.
+# Usage: kv_types_cli_test.sh KVQ_BINARY MODEL_DIR WORK_DIR
+set -u
+KVQ=$1 MODEL=$2 WORK=$3
+[ -f "$MODEL/config.json" ] || { echo "skip: default model missing"; exit 77; }
+mkdir -p "$WORK"
+export OMP_WAIT_POLICY=PASSIVE
+fail() { echo "FAIL: $*"; exit 1; }
+
+# A deterministic text of a few hundred tokens, and KVQuant's calibration.
+i=0; : >"$WORK/text.txt"
+while [ $i -lt 60 ]; do
+  echo "the cache keeps keys and values of every token while the model reads on $i" >>"$WORK/text.txt"
+  i=$((i + 1))
+done
+"$KVQ" calibrate -m "$MODEL" -f "$WORK/text.txt" -o "$WORK/calib.safetensors" --tokens 256 \
+  -c 128 -t 1 >"$WORK/out" 2>"$WORK/err" || fail "calibrate: $(cat "$WORK/err")"
+CAL="--kv-calibration $WORK/calib.safetensors"
+
+"$KVQ" help cache-types --names 64 >"$WORK/names" || fail "help cache-types --names"
+[ "$(wc -l <"$WORK/names")" -ge 40 ] || fail "only $(wc -l <"$WORK/names") registered names"
+for want in fp8 auto q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl kivi2 kvquant3 gear2; do
+  grep -qx -- "$want" "$WORK/names" || fail "$want is not registered"
+done
+
+# serve_starts TYPE: the server comes up (listening line, /health) and stops on SIGTERM.
+serve_starts() {
+  # shellcheck disable=SC2086
+  "$KVQ" serve -m "$MODEL" --port 0 -t 1 --max-model-len 256 --kv-cache-dtype "$1" $CAL \
+    >"$WORK/serve.out" 2>"$WORK/serve.err" &
+  pid=$!
+  tries=0
+  until grep -q "listening on" "$WORK/serve.out" 2>/dev/null; do
+    tries=$((tries + 1))
+    if [ $tries -gt 300 ] || ! kill -0 $pid 2>/dev/null; then
+      kill $pid 2>/dev/null; wait $pid 2>/dev/null
+      fail "serve --kv-cache-dtype $1 did not start: $(cat "$WORK/serve.err")"
+    fi
+    sleep 0.1
+  done
+  kill -TERM $pid; wait $pid || fail "serve --kv-cache-dtype $1 did not stop cleanly"
+}
+
+while read -r type; do
+  # shellcheck disable=SC2086
+  "$KVQ" generate -m "$MODEL" -p "The cache" -n 3 -t 1 -c 256 --kv-cache-dtype "$type" $CAL \
+    >"$WORK/out" 2>"$WORK/err" || fail "generate --kv-cache-dtype $type: $(cat "$WORK/err")"
+  # shellcheck disable=SC2086
+  "$KVQ" perplexity -m "$MODEL" -f "$WORK/text.txt" -c 64 --chunks 2 -t 1 \
+    --kv-cache-dtype "$type" $CAL >"$WORK/out" 2>"$WORK/err" ||
+    fail "perplexity --kv-cache-dtype $type: $(cat "$WORK/err")"
+  "$KVQ" plan -m "$MODEL" -c 1024 --kv-cache-dtype "$type" >"$WORK/out" 2>"$WORK/err" ||
+    fail "plan --kv-cache-dtype $type: $(cat "$WORK/err")"
+  serve_starts "$type"
+done <"$WORK/names"
+
+# llama.cpp's spellings: -ctk/-ctv are named options, not -c tk.
+"$KVQ" generate -m "$MODEL" -p "The cache" -n 3 -t 1 -ctk q8_0 -ctv q4_0 >"$WORK/out" \
+  2>"$WORK/err" || fail "generate -ctk q8_0 -ctv q4_0: $(cat "$WORK/err")"
+"$KVQ" generate -m "$MODEL" -p "The cache" -n 3 -t 1 -ctk q8_0 -ctv=q4_0 >"$WORK/out" \
+  2>"$WORK/err" || fail "generate -ctk q8_0 -ctv=q4_0: $(cat "$WORK/err")"
+"$KVQ" plan -m "$MODEL" -c 1024 -ctk q4_1 -ctv iq4_nl --json >"$WORK/plan.json" 2>"$WORK/err" ||
+  fail "plan -ctk q4_1 -ctv iq4_nl: $(cat "$WORK/err")"
+grep -q '"int4-g32-asym"\|int4-g32-asym' "$WORK/plan.json" ||
+  fail "plan -ctk q4_1 did not select int4-g32-asym: $(head -c 600 "$WORK/plan.json")"
+"$KVQ" generate --help >"$WORK/help" 2>&1 || fail "generate --help"
+for want in -ctk -ctv q5_0=int8-g32-sym iq4_nl=int4-g32-sym "help cache-types" --nbits; do
+  grep -q -- "$want" "$WORK/help" || fail "generate --help lacks '$want'"
+done
+# Hugging Face's KIVI words.
+"$KVQ" perplexity -m "$MODEL" -f "$WORK/text.txt" -c 64 --chunks 1 -t 1 --nbits 4 \
+  --residual-length 32 --q-group-size 32 >"$WORK/out" 2>"$WORK/err" ||
+  fail "perplexity --nbits 4 --residual-length 32 --q-group-size 32: $(cat "$WORK/err")"
+# A bad name is a clear error naming it.
+if "$KVQ" generate -m "$MODEL" -p x -n 1 -ctk q3_k >"$WORK/out" 2>"$WORK/err"; then
+  fail "-ctk q3_k was accepted"
+fi
+grep -q "q3_k" "$WORK/err" || fail "-ctk q3_k error does not name it: $(cat "$WORK/err")"
+echo "kv_types_cli_test: $(wc -l <"$WORK/names") types through generate, perplexity, plan, serve"

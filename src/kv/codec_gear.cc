@@ -601,15 +601,8 @@ std::string GearFormat::Name() const {
 StatusOr<GearFormat> ParseGearFormat(const std::string& name, const std::string& spelled) {
   GearFormat f;
   const std::vector<std::string> parts = SplitKvName(name);
-  if (parts[0] == "gear2") {
-    f.bits = 2;
-  } else if (parts[0] == "gear4") {
-    f.bits = 4;
-  } else if (parts[0] == "gear8") {
-    f.bits = 8;
-  } else {
-    return BadGear(spelled, "unknown type '" + parts[0] + "'");
-  }
+  f.bits = KvNameBits(parts[0], "gear", {2, 4, 8});
+  if (f.bits < 0) return BadGear(spelled, "unknown type '" + parts[0] + "'");
   bool have_base = false, have_tile = false, have_rank = false, have_iter = false, have_out = false;
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string& o = parts[i];

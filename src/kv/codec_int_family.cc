@@ -48,15 +48,8 @@ StatusOr<std::shared_ptr<const KvFormat>> ParseInt(const std::string& base,
                                                    const std::string& spelled) {
   const std::vector<std::string> parts = SplitKvName(base);
   codec::IntFormat format;
-  if (parts[0] == "int8") {
-    format.bits = 8;
-  } else if (parts[0] == "int4") {
-    format.bits = 4;
-  } else if (parts[0] == "int2") {
-    format.bits = 2;
-  } else {
-    return BadInt(spelled, "unknown type '" + parts[0] + "'");
-  }
+  format.bits = KvNameBits(parts[0], "int", {8, 4, 2});
+  if (format.bits < 0) return BadInt(spelled, "unknown type '" + parts[0] + "'");
   bool have_group = false, have_symmetry = false;
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string& option = parts[i];

@@ -494,9 +494,8 @@ StatusOr<std::shared_ptr<const KvFormat>> ParseNuq(const std::string& base,
                                                    const std::string& spelled) {
   const std::vector<std::string> parts = SplitKvName(base);
   codec::NuqFormat format;
-  if (parts[0] == "nuq2" || parts[0] == "nuq3" || parts[0] == "nuq4") {
-    format.bits = parts[0][3] - '0';
-  } else {
+  format.bits = KvNameBits(parts[0], "nuq", {2, 3, 4});
+  if (format.bits < 0) {
     return BadNuq(spelled, "unknown type '" + parts[0] + "' (NUQ bits are 2, 3 or 4)");
   }
   if (parts.size() < 2 || (parts[1] != "k" && parts[1] != "v")) {

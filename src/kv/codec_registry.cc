@@ -68,6 +68,13 @@ std::vector<std::string> SplitKvName(const std::string& name) {
   }
 }
 
+int KvNameBits(const std::string& part, const std::string& prefix, std::vector<int> widths) {
+  for (int bits : widths) {
+    if (part == prefix + std::to_string(bits)) return bits;
+  }
+  return -1;
+}
+
 const std::vector<const KvCodecFamily*>& KvCodecFamilies() {
   static const std::vector<const KvCodecFamily*> families = {
 #define KVQ_CODEC_FAMILY(F) &F(),

@@ -56,6 +56,9 @@ class KvFormatOf final : public KvFormat {
 
 // "int4-g32-sym" -> {"int4", "g32", "sym"} (a trailing '-' gives a last "").
 std::vector<std::string> SplitKvName(const std::string& name);
+// The bit width B of a name part spelled prefix + B with B one of `widths`
+// ("int4", "int", {8, 4, 2} -> 4), else -1.
+int KvNameBits(const std::string& part, const std::string& prefix, std::vector<int> widths);
 
 // -rN / -sN / -prerope (KvStreaming in codec.h says what they do).
 struct KvStreamingOptions {

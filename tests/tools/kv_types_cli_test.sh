@@ -43,6 +43,15 @@ serve_starts() {
     fi
     sleep 0.1
   done
+  # SIGTERM only once /health answers: a signal between the listening line
+  # and the listener's start is lost (kvq serve's start-up race, reported).
+  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/serve.out")
+  tries=0
+  until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+    tries=$((tries + 1))
+    [ $tries -gt 600 ] && { kill $pid; wait $pid; fail "serve --kv-cache-dtype $1: no /health in 60 s"; }
+    sleep 0.1
+  done
   kill -TERM $pid; wait $pid || fail "serve --kv-cache-dtype $1 did not stop cleanly"
 }
 

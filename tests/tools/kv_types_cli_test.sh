@@ -28,10 +28,23 @@ for want in fp8 auto q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl kivi2 kvquant3 gear2; do
   grep -qx -- "$want" "$WORK/names" || fail "$want is not registered"
 done
 
+# The flags that put TYPE in the cache: K-only names (pre-RoPE, NUQ keys)
+# as K with f16 values, NUQ values as V, anything else as both.
+type_flags() {
+  case "$1" in
+    *prerope* | nuq?-k*) echo "--cache-type-k $1 --cache-type-v f16" ;;
+    nuq?-v*) echo "--cache-type-k f16 --cache-type-v $1" ;;
+    *) echo "--kv-cache-dtype $1" ;;
+  esac
+}
+
 # serve_starts TYPE: the server comes up (listening line, /health) and stops on SIGTERM.
 serve_starts() {
+  # The previous server's output must not be mistaken for this one's (the
+  # background job truncates the files only once it runs).
+  rm -f "$WORK/serve.out" "$WORK/serve.err"
   # shellcheck disable=SC2086
-  "$KVQ" serve -m "$MODEL" --port 0 -t 1 --max-model-len 256 --kv-cache-dtype "$1" $CAL \
+  "$KVQ" serve -m "$MODEL" --port 0 -t 1 --max-model-len 256 $(type_flags "$1") $CAL \
     >"$WORK/serve.out" 2>"$WORK/serve.err" &
   pid=$!
   tries=0
@@ -45,18 +58,14 @@ serve_starts() {
   done
   grep -q "KV cache " "$WORK/serve.err" || fail "serve --kv-cache-dtype $1: no cache line"
   # SIGTERM only once /health answers: a signal between the listening line
-  # and the listener's start is lost (kvq serve's start-up race, reported).
-  # Under load /health has also been seen not to answer at all (an open
-  # kvq serve issue, reported): then the start-up check above stands, the
-  # server is killed, and the run says so instead of hanging or failing.
+  # and the listener's start is lost (a kvq serve start-up race, reported).
   port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/serve.out")
   tries=0
   until curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
     tries=$((tries + 1))
-    if [ $tries -gt 100 ]; then
-      echo "warning: serve --kv-cache-dtype $1: /health did not answer in 10 s; killed"
+    if [ $tries -gt 300 ]; then
       kill -9 $pid; wait $pid 2>/dev/null
-      return 0
+      fail "serve $(type_flags "$1"): /health did not answer"
     fi
     sleep 0.1
   done
@@ -65,13 +74,14 @@ serve_starts() {
 
 while read -r type; do
   # shellcheck disable=SC2086
-  "$KVQ" generate -m "$MODEL" -p "The cache" -n 3 -t 1 -c 256 --kv-cache-dtype "$type" $CAL \
+  "$KVQ" generate -m "$MODEL" -p "The cache" -n 3 -t 1 -c 256 $(type_flags "$type") $CAL \
     >"$WORK/out" 2>"$WORK/err" || fail "generate --kv-cache-dtype $type: $(cat "$WORK/err")"
   # shellcheck disable=SC2086
   "$KVQ" perplexity -m "$MODEL" -f "$WORK/text.txt" -c 64 --chunks 2 -t 1 \
-    --kv-cache-dtype "$type" $CAL >"$WORK/out" 2>"$WORK/err" ||
+    $(type_flags "$type") $CAL >"$WORK/out" 2>"$WORK/err" ||
     fail "perplexity --kv-cache-dtype $type: $(cat "$WORK/err")"
-  "$KVQ" plan -m "$MODEL" -c 1024 --kv-cache-dtype "$type" >"$WORK/out" 2>"$WORK/err" ||
+  # shellcheck disable=SC2046
+  "$KVQ" plan -m "$MODEL" -c 1024 $(type_flags "$type") >"$WORK/out" 2>"$WORK/err" ||
     fail "plan --kv-cache-dtype $type: $(cat "$WORK/err")"
   serve_starts "$type"
 done <"$WORK/names"

@@ -9,6 +9,7 @@
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -108,8 +109,7 @@ int RunGenerate(const GenerateFlags& flags) {
 void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-p,--prompt", flags->prompt, "Prompt text")->required();
   cmd->add_option("-n,--max-tokens", flags->max_new_tokens, "Tokens to generate (default 64)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

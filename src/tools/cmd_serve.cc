@@ -17,6 +17,7 @@
 #include "server/scheduler.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -148,8 +149,7 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd =
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model id in the API (default: the model's file or folder name)");
   cmd->add_option("--host", flags->host, "Address to listen on (default 127.0.0.1)");

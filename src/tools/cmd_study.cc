@@ -20,6 +20,7 @@
 #include "engine/study_report.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -315,8 +316,7 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
       "policy:FILE (a --kv-policy file, e.g. from kvq tune).\n"
       "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
       "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file,
                   "Held-out text (default: .deps/corpus/test.txt when present)");
   cmd->add_option("--schemes", flags->schemes,

@@ -16,6 +16,7 @@
 #include "io/mapped_file.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -131,8 +132,7 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
       "measures it, keeps it if the measured KL fits the budget, else freezes that layer's K or\n"
       "V. Bytes per token are the blocks' (scales included); per-sequence f16 windows of\n"
       "residual schemes are a constant on top (see kvq plan).");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
   cmd->add_option("-o,--output", flags->output, "Policy file to write (default kv-policy.txt)");
   cmd->add_option("--kl-budget", flags->kl_budget,

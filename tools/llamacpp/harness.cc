@@ -10,6 +10,11 @@
 //       position: magic "KVQLOGIT", uint32 n_tokens, uint32 n_vocab, then
 //       n_tokens*n_vocab little-endian f32. --decode feeds one token per
 //       llama_decode call (the KV-cache path); default is one batch (prefill).
+//   harness greedy MODEL.gguf N [--threads N] TOKEN...
+//       prefills the prompt tokens (f16 KV cache, llama.cpp's default), then
+//       decodes N tokens greedily; prints one line per generated token:
+//       "<token> <top-1 logit> <top-2 logit>" (the gap tells a near-tie).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +32,8 @@ void QuietLog(ggml_log_level level, const char* text, void*) {
 int Usage() {
   std::fprintf(stderr,
                "usage: harness load MODEL.gguf\n"
-               "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n");
+               "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
+               "       harness greedy MODEL.gguf N [--threads N] TOKEN...\n");
   return 2;
 }
 
@@ -126,6 +132,84 @@ int Logits(int argc, char** argv) {
   return std::fclose(out) == 0 ? 0 : 1;
 }
 
+// The two largest logits of a row: (argmax, top-1, top-2).
+void TopTwo(const float* row, int n, int* best, float* top1, float* top2) {
+  *best = 0;
+  *top1 = row[0];
+  *top2 = -INFINITY;
+  for (int i = 1; i < n; ++i) {
+    if (row[i] > *top1) {
+      *top2 = *top1;
+      *top1 = row[i];
+      *best = i;
+    } else if (row[i] > *top2) {
+      *top2 = row[i];
+    }
+  }
+}
+
+int Greedy(int argc, char** argv) {
+  if (argc < 5) return Usage();
+  const char* model_path = argv[2];
+  const int n_generate = std::atoi(argv[3]);
+  int threads = 2;
+  std::vector<llama_token> tokens;
+  for (int i = 4; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      tokens.push_back(static_cast<llama_token>(std::atoi(argv[i])));
+    }
+  }
+  if (tokens.empty() || n_generate < 1) return Usage();
+  llama_model* model = LoadModel(model_path);
+  if (model == nullptr) return 1;
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const int n_prompt = static_cast<int>(tokens.size());
+  llama_context_params cparams = llama_context_default_params();
+  cparams.n_ctx = static_cast<uint32_t>(n_prompt + n_generate + 16);
+  cparams.n_batch = cparams.n_ctx;
+  cparams.n_ubatch = cparams.n_ctx;
+  cparams.n_threads = threads;
+  cparams.n_threads_batch = threads;
+  llama_context* ctx = llama_init_from_model(model, cparams);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "harness: cannot create context\n");
+    llama_model_free(model);
+    return 1;
+  }
+  llama_batch batch = llama_batch_init(n_prompt, 0, 1);
+  int status = 0;
+  int pos = 0;
+  int n_in = n_prompt;
+  for (int step = 0; step < n_generate && status == 0; ++step) {
+    batch.n_tokens = n_in;
+    for (int j = 0; j < n_in; ++j) {
+      batch.token[j] = tokens[pos + j];
+      batch.pos[j] = pos + j;
+      batch.n_seq_id[j] = 1;
+      batch.seq_id[j][0] = 0;
+      batch.logits[j] = j == n_in - 1;
+    }
+    if (llama_decode(ctx, batch) != 0) {
+      std::fprintf(stderr, "harness: llama_decode failed at position %d\n", pos);
+      status = 1;
+      break;
+    }
+    pos += n_in;
+    int best;
+    float top1, top2;
+    TopTwo(llama_get_logits_ith(ctx, n_in - 1), n_vocab, &best, &top1, &top2);
+    std::printf("%d %.6f %.6f\n", best, top1, top2);
+    tokens.push_back(best);
+    n_in = 1;
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +221,8 @@ int main(int argc, char** argv) {
     rc = Load(argv[2]);
   } else if (std::strcmp(argv[1], "logits") == 0) {
     rc = Logits(argc, argv);
+  } else if (std::strcmp(argv[1], "greedy") == 0) {
+    rc = Greedy(argc, argv);
   } else {
     rc = Usage();
   }

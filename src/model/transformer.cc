@@ -8,7 +8,6 @@
 #include "ops/rope.h"
 
 namespace kvq {
-namespace {
 
 ops::WeightType ToWeightType(DType dtype) {
   switch (dtype) {
@@ -43,6 +42,8 @@ ops::WeightType ToWeightType(DType dtype) {
   }
   return ops::WeightType::kF32;
 }
+
+namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";

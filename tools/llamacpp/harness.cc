@@ -147,7 +147,8 @@ bool DequantRows(FILE* file, gguf_context* gguf, ggml_context* meta, const char*
   const int64_t cols = t->ne[0];
   const int64_t total_rows = ggml_nelements(t) / cols;
   const ggml_type_traits* traits = ggml_get_type_traits(t->type);
-  if (first < 0 || rows <= 0 || first + rows > total_rows || traits->to_float == nullptr) {
+  if (first < 0 || rows <= 0 || first + rows > total_rows ||
+      (traits->to_float == nullptr && t->type != GGML_TYPE_F32)) {
     std::fprintf(stderr, "harness: bad rows %lld+%lld of '%s' (%lld rows, type %s)\n",
                  static_cast<long long>(first), static_cast<long long>(rows), name,
                  static_cast<long long>(total_rows), ggml_type_name(t->type));
@@ -165,7 +166,11 @@ bool DequantRows(FILE* file, gguf_context* gguf, ggml_context* meta, const char*
   }
   std::vector<float> values(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
-    traits->to_float(raw.data() + r * row_bytes, values.data() + r * cols, cols);
+    if (t->type == GGML_TYPE_F32) {  // ggml has no to_float for f32 itself
+      std::memcpy(values.data() + r * cols, raw.data() + r * row_bytes, row_bytes);
+    } else {
+      traits->to_float(raw.data() + r * row_bytes, values.data() + r * cols, cols);
+    }
   }
   const uint32_t type = static_cast<uint32_t>(t->type);
   const char* p = reinterpret_cast<const char*>(&type);

@@ -82,11 +82,9 @@ void DecodeSegment(const WeightView& w, int64_t r, int64_t k0, int64_t depth,
       // Groups of 32 (k0 and depth are multiples of 32; K-quant super-blocks
       // are entered at any of their eight groups).
       qd::VisitGroupDecoder(w.type, [&](auto dec) HWY_ATTR {
-        for (int64_t g = 0; g < depth / kQBlock; ++g) {
-          float* dst = out + g * kQBlock;
-          decltype(dec)::Group(df, row, k0 / kQBlock + g,
-                               [&](int64_t j, VF v) HWY_ATTR { hn::StoreU(v, df, dst + j); });
-        }
+        qd::DecodeGroups<decltype(dec)>(df, row, k0 / kQBlock, depth / kQBlock,
+                                        [&](int64_t j, VF v)
+                                            HWY_ATTR { hn::StoreU(v, df, out + j); });
       });
       return;
     case WeightType::kF32:

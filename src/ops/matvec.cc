@@ -181,8 +181,9 @@ struct GroupRows {
 };
 
 // Same arithmetic as DotTile (each weight decoded exactly, then one FMA per
-// token), one 32-value group of every row at a time; the decoder hands each
-// vector straight to the FMAs, so decoded weights never leave registers.
+// token), one block of every row at a time (scales unpacked once per block
+// and row), then its 32-value groups; the decoder hands each vector
+// straight to the FMAs, so decoded weights never leave registers.
 template <int R, int K, class Dec>
 HWY_INLINE void DotTileGroups(const GroupRows<Dec>& rows, const float* HWY_RESTRICT x, int64_t ldx,
                               int64_t cols, float* HWY_RESTRICT y, int64_t ldy, const uint8_t* next,
@@ -190,20 +191,25 @@ HWY_INLINE void DotTileGroups(const GroupRows<Dec>& rows, const float* HWY_RESTR
   const DF df;
   VF acc[R * K];
   for (int a = 0; a < R * K; ++a) acc[a] = hn::Zero(df);
-  const int64_t groups = cols / kQBlock;
+  constexpr int kGroups = Dec::kGroups;
+  const int64_t blocks = cols / (kQBlock * kGroups);
   int64_t prefetched = 0;  // bytes of `next` already prefetched
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t blk = 0; blk < blocks; ++blk) {
     if (next != nullptr) {
-      const int64_t consumed = (g + 1) * tile_bytes / groups;
+      const int64_t consumed = (blk + 1) * tile_bytes / blocks;
       for (; prefetched < consumed; prefetched += 64) hwy::Prefetch(next + prefetched);
     }
-    const float* xg = x + g * kQBlock;
-    for (int r = 0; r < R; ++r) {
-      Dec::Group(df, rows.w + r * rows.row_bytes, g, [&](int64_t j, VF wv) HWY_ATTR {
-        for (int k = 0; k < K; ++k) {
-          acc[r * K + k] = hn::MulAdd(wv, hn::LoadU(df, xg + k * ldx + j), acc[r * K + k]);
-        }
-      });
+    typename Dec::Params p[R];
+    for (int r = 0; r < R; ++r) p[r] = Dec::Prepare(rows.w + r * rows.row_bytes, blk);
+    for (int s = 0; s < kGroups; ++s) {
+      const float* xg = x + (blk * kGroups + s) * kQBlock;
+      for (int r = 0; r < R; ++r) {
+        Dec::Group(df, rows.w + r * rows.row_bytes, blk, s, p[r], [&](int64_t j, VF wv) HWY_ATTR {
+          for (int k = 0; k < K; ++k) {
+            acc[r * K + k] = hn::MulAdd(wv, hn::LoadU(df, xg + k * ldx + j), acc[r * K + k]);
+          }
+        });
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -322,11 +328,9 @@ HWY_INLINE void DecodeGroupRows(const WeightView& w, int64_t first, int64_t coun
                                 float* HWY_RESTRICT out) {
   const DF df;
   for (int64_t r = 0; r < count; ++r) {
-    const uint8_t* row = w.row(first + r);
-    for (int64_t g = 0; g < w.cols / kQBlock; ++g) {
-      float* dst = out + r * w.cols + g * kQBlock;
-      Dec::Group(df, row, g, [&](int64_t j, VF v) HWY_ATTR { hn::StoreU(v, df, dst + j); });
-    }
+    float* dst = out + r * w.cols;
+    qd::DecodeGroups<Dec>(df, w.row(first + r), 0, w.cols / kQBlock,
+                          [&](int64_t j, VF v) HWY_ATTR { hn::StoreU(v, df, dst + j); });
   }
 }
 

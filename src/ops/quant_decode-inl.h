@@ -3,14 +3,17 @@
 // foreach_target loops (Highway's -inl.h toggle pattern).
 //
 // Every decoder works on one group of 32 consecutive values of a row (a
-// whole block for Q4_0 ... IQ4_NL, one eighth of a K-quant super-block):
-//   Dec::Group(df, row, g, sink) calls sink(j, v) for j = 0, N, 2N ... 31
-//   (N = lanes, any order), v = values [32 g + j, 32 g + j + N) as f32.
+// whole block for Q4_0 ... IQ4_NL, one of the kGroups = 8 groups of a
+// K-quant super-block):
+//   p = Dec::Prepare(row, block): the block's scales, unpacked to f32;
+//   Dec::Group(df, row, block, s, p, sink) calls sink(j, v) for j = 0, N,
+//   2N ... 31 (N = lanes, any order), v = values [32 s + j, 32 s + j + N)
+//   of the block as f32.
 // The values are bit-identical to DequantizeRowRef: each is a * q + b with
 // a * q exact in f32, computed as one FMA (a single rounding, the same one
 // ggml's separate multiply and add makes), or Q6_K's (d * sc) * q with
-// d * sc formed in scalar f32 first, as ggml does. A group's scales are
-// unpacked once per group and row; a sink that multiplies straight into
+// d * sc formed in scalar f32 first, as ggml does. Scales are unpacked once
+// per block and row (Prepare); a sink that multiplies straight into
 // accumulators keeps the decoded values in registers.
 //
 // Lane counts (1 ... 16 on x86) divide 16, so a vector never straddles a
@@ -75,27 +78,45 @@ HWY_INLINE const Block& BlockAt(const uint8_t* row, int64_t b) {
   return reinterpret_cast<const Block*>(row)[b];
 }
 
+// Blocks of 32 values: one group per block, parameters d (and m).
+struct SmallParams {
+  float d, m;
+};
+
 struct DecQ4_0 {
+  static constexpr int kGroups = 1;
+  using Params = SmallParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    return {Half(BlockAt<BlockQ4_0>(row, blk).d), 0.0f};
+  }
   template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ4_0& b = BlockAt<BlockQ4_0>(row, g);
-    const VF d = hn::Set(df, Half(b.d));
-    const VF eight = hn::Set(df, 8.0f);
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
+                               Sink&& sink) {
+    const BlockQ4_0& b = BlockAt<BlockQ4_0>(row, blk);
+    // q * d - 8 d in one FMA: 8 d is exact, so this rounds d (q - 8) once,
+    // as the reference does (here exactly: 11 + 5 significant bits).
+    const VF d = hn::Set(df, p.d), d8 = hn::Set(df, 8.0f * p.d);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       const VU q = Bytes(b.qs + j);
-      // q - 8 is exact in f32, as is its product with d.
-      sink(j, hn::Mul(hn::Sub(ToF(Low4(q)), eight), d));
-      sink(j + 16, hn::Mul(hn::Sub(ToF(High4(q)), eight), d));
+      sink(j, hn::MulSub(ToF(Low4(q)), d, d8));
+      sink(j + 16, hn::MulSub(ToF(High4(q)), d, d8));
     }
   }
 };
 
 struct DecQ4_1 {
+  static constexpr int kGroups = 1;
+  using Params = SmallParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    const BlockQ4_1& b = BlockAt<BlockQ4_1>(row, blk);
+    return {Half(b.d), Half(b.m)};
+  }
   template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ4_1& b = BlockAt<BlockQ4_1>(row, g);
-    const VF d = hn::Set(df, Half(b.d)), m = hn::Set(df, Half(b.m));
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
+                               Sink&& sink) {
+    const BlockQ4_1& b = BlockAt<BlockQ4_1>(row, blk);
+    const VF d = hn::Set(df, p.d), m = hn::Set(df, p.m);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       const VU q = Bytes(b.qs + j);
@@ -121,26 +142,38 @@ HWY_INLINE void Q5Pair(const Block& b, int64_t j, VU* lo, VU* hi) {
 }
 
 struct DecQ5_0 {
+  static constexpr int kGroups = 1;
+  using Params = SmallParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    return {Half(BlockAt<BlockQ5_0>(row, blk).d), 0.0f};
+  }
   template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ5_0& b = BlockAt<BlockQ5_0>(row, g);
-    const VF d = hn::Set(df, Half(b.d));
-    const VF sixteen = hn::Set(df, 16.0f);
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
+                               Sink&& sink) {
+    const BlockQ5_0& b = BlockAt<BlockQ5_0>(row, blk);
+    const VF d = hn::Set(df, p.d), d16 = hn::Set(df, 16.0f * p.d);  // as Q4_0
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       VU lo, hi;
       Q5Pair(b, j, &lo, &hi);
-      sink(j, hn::Mul(hn::Sub(ToF(lo), sixteen), d));
-      sink(j + 16, hn::Mul(hn::Sub(ToF(hi), sixteen), d));
+      sink(j, hn::MulSub(ToF(lo), d, d16));
+      sink(j + 16, hn::MulSub(ToF(hi), d, d16));
     }
   }
 };
 
 struct DecQ5_1 {
+  static constexpr int kGroups = 1;
+  using Params = SmallParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    const BlockQ5_1& b = BlockAt<BlockQ5_1>(row, blk);
+    return {Half(b.d), Half(b.m)};
+  }
   template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ5_1& b = BlockAt<BlockQ5_1>(row, g);
-    const VF d = hn::Set(df, Half(b.d)), m = hn::Set(df, Half(b.m));
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
+                               Sink&& sink) {
+    const BlockQ5_1& b = BlockAt<BlockQ5_1>(row, blk);
+    const VF d = hn::Set(df, p.d), m = hn::Set(df, p.m);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       VU lo, hi;
@@ -152,12 +185,18 @@ struct DecQ5_1 {
 };
 
 struct DecIQ4_NL {
+  static constexpr int kGroups = 1;
+  using Params = SmallParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    return {Half(BlockAt<BlockIQ4_NL>(row, blk).d), 0.0f};
+  }
   template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
+                               Sink&& sink) {
     static constexpr float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                           1,    13,   25,  38,  53,  69,  89,  113};
-    const BlockIQ4_NL& b = BlockAt<BlockIQ4_NL>(row, g);
-    const VF d = hn::Set(df, Half(b.d));
+    const BlockIQ4_NL& b = BlockAt<BlockIQ4_NL>(row, blk);
+    const VF d = hn::Set(df, p.d);
     const DI di;
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
@@ -170,57 +209,94 @@ struct DecIQ4_NL {
   }
 };
 
-// Q2_K group g: 2-bit plane p of the 32 bytes of half h.
+// K-quant super-blocks: 8 groups of 32; the parameters are the f32
+// multiplier and subtrahend of each 16 values (i = value / 16), unpacked
+// once per super-block and row.
+struct KParams {
+  float mul[16], sub[16];
+};
+
 struct DecQ2_K {
-  template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ2_K& b = BlockAt<BlockQ2_K>(row, g / 8);
-    const int s = static_cast<int>(g % 8), h = s / 4, p = s % 4;
+  static constexpr int kGroups = 8;
+  using Params = KParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    const BlockQ2_K& b = BlockAt<BlockQ2_K>(row, blk);
     const float d = Half(b.d), dmin = Half(b.dmin);
-    const DU du;
+    Params p;
+    for (int i = 0; i < 16; ++i) {
+      p.mul[i] = d * static_cast<float>(b.scales[i] & 0xF);
+      p.sub[i] = dmin * static_cast<float>(b.scales[i] >> 4);
+    }
+    return p;
+  }
+  // Group s: 2-bit plane s % 4 of the 32 bytes of half s / 4.
+  template <class Sink>
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int s, const Params& p,
+                               Sink&& sink) {
+    const BlockQ2_K& b = BlockAt<BlockQ2_K>(row, blk);
+    const int h = s / 4, shift = 2 * (s % 4);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t l = 0; l < 32; l += n) {
-      const uint8_t sc = b.scales[(s * 32 + l) / 16];
-      const VF dl = hn::Set(df, d * static_cast<float>(sc & 0xF));
-      const VF ml = hn::Set(df, dmin * static_cast<float>(sc >> 4));
-      const VU q = hn::And(hn::ShiftRightSame(Bytes(b.qs + h * 32 + l), 2 * p), hn::Set(du, 3));
-      sink(l, hn::MulSub(ToF(q), dl, ml));
+      const int i = 2 * s + static_cast<int>(l / 16);
+      const VU q = hn::And(hn::ShiftRightSame(Bytes(b.qs + h * 32 + l), shift), hn::Set(DU(), 3));
+      sink(l, hn::MulSub(ToF(q), hn::Set(df, p.mul[i]), hn::Set(df, p.sub[i])));
     }
   }
 };
 
 struct DecQ3_K {
-  template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ3_K& b = BlockAt<BlockQ3_K>(row, g / 8);
-    const int s = static_cast<int>(g % 8), h = s / 4, p = s % 4;
+  static constexpr int kGroups = 8;
+  using Params = KParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    const BlockQ3_K& b = BlockAt<BlockQ3_K>(row, blk);
     const float d = Half(b.d);
-    const DU du;
-    const VF four = hn::Set(df, 4.0f);
+    Params p;
+    for (int i = 0; i < 16; ++i) {
+      p.mul[i] = d * static_cast<float>(Q3KScale(b.scales, i));
+      p.sub[i] = 0.0f;
+    }
+    return p;
+  }
+  template <class Sink>
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int s, const Params& p,
+                               Sink&& sink) {
+    const BlockQ3_K& b = BlockAt<BlockQ3_K>(row, blk);
+    const int h = s / 4, pl = s % 4;
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t l = 0; l < 32; l += n) {
-      const VF dl = hn::Set(
-          df, d * static_cast<float>(Q3KScale(b.scales, static_cast<int>(s * 32 + l) / 16)));
-      const VU low = hn::And(hn::ShiftRightSame(Bytes(b.qs + h * 32 + l), 2 * p), hn::Set(du, 3));
-      const VU high = hn::And(hn::ShiftRightSame(Bytes(b.hmask + l), h * 4 + p), hn::Set(du, 1));
-      // low + 4 * high - 4: the 3-bit value minus 4, exact in f32.
-      const VF q = hn::Sub(ToF(hn::Or(low, hn::ShiftLeft<2>(high))), four);
-      sink(l, hn::Mul(dl, q));
+      const int i = 2 * s + static_cast<int>(l / 16);
+      const VU low =
+          hn::And(hn::ShiftRightSame(Bytes(b.qs + h * 32 + l), 2 * pl), hn::Set(DU(), 3));
+      const VU high = hn::And(hn::ShiftRightSame(Bytes(b.hmask + l), h * 4 + pl), hn::Set(DU(), 1));
+      // (low + 4 high) * dl - 4 dl = dl * (q - 4), one rounding (as Q4_0).
+      const VF q = ToF(hn::Or(low, hn::ShiftLeft<2>(high)));
+      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, 4.0f * p.mul[i])));
     }
   }
 };
 
-// Q4_K (kFifth = false) and Q5_K: sub-block s of the super-block.
+// Q4_K (kFifth = false) and Q5_K: group s is sub-block s.
 template <bool kFifth, class Block>
 struct DecQ45_K {
+  static constexpr int kGroups = 8;
+  using Params = KParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    const Block& b = BlockAt<Block>(row, blk);
+    const float d = Half(b.d), dmin = Half(b.dmin);
+    Params p;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, mn;
+      KScaleMin(b.scales, j, &sc, &mn);
+      p.mul[2 * j] = p.mul[2 * j + 1] = d * static_cast<float>(sc);
+      p.sub[2 * j] = p.sub[2 * j + 1] = dmin * static_cast<float>(mn);
+    }
+    return p;
+  }
   template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const Block& b = BlockAt<Block>(row, g / 8);
-    const int s = static_cast<int>(g % 8);
-    uint8_t sc, mn;
-    KScaleMin(b.scales, s, &sc, &mn);
-    const VF d1 = hn::Set(df, Half(b.d) * static_cast<float>(sc));
-    const VF m1 = hn::Set(df, Half(b.dmin) * static_cast<float>(mn));
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int s, const Params& p,
+                               Sink&& sink) {
+    const Block& b = BlockAt<Block>(row, blk);
+    const VF d1 = hn::Set(df, p.mul[2 * s]), m1 = hn::Set(df, p.sub[2 * s]);
     const uint8_t* qs = b.qs + s / 2 * 32;
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t l = 0; l < 32; l += n) {
@@ -238,25 +314,54 @@ using DecQ4_K = DecQ45_K<false, BlockQ4_K>;
 using DecQ5_K = DecQ45_K<true, BlockQ5_K>;
 
 struct DecQ6_K {
-  template <class Sink>
-  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t g, Sink&& sink) {
-    const BlockQ6_K& b = BlockAt<BlockQ6_K>(row, g / 8);
-    const int s = static_cast<int>(g % 8), h = s / 4, p = s % 4;
+  static constexpr int kGroups = 8;
+  using Params = KParams;
+  static HWY_INLINE Params Prepare(const uint8_t* row, int64_t blk) {
+    const BlockQ6_K& b = BlockAt<BlockQ6_K>(row, blk);
     const float d = Half(b.d);
-    const uint8_t* ql = b.ql + h * 64 + (p & 1) * 32;
+    Params p;
+    for (int i = 0; i < 16; ++i) {
+      p.mul[i] = d * static_cast<float>(b.scales[i]);
+      p.sub[i] = 0.0f;
+    }
+    return p;
+  }
+  // Group s: plane s % 4 of half s / 4.
+  template <class Sink>
+  static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int s, const Params& p,
+                               Sink&& sink) {
+    const BlockQ6_K& b = BlockAt<BlockQ6_K>(row, blk);
+    const int h = s / 4, pl = s % 4;
+    const uint8_t* ql = b.ql + h * 64 + (pl & 1) * 32;
     const uint8_t* qh = b.qh + h * 32;
-    const VF thirty_two = hn::Set(df, 32.0f);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t l = 0; l < 32; l += n) {
-      const VF ds = hn::Set(df, d * static_cast<float>(b.scales[(s * 32 + l) / 16]));
+      const int i = 2 * s + static_cast<int>(l / 16);
       const VU raw = Bytes(ql + l);
-      const VU lo = p < 2 ? Low4(raw) : High4(raw);
-      const VU hi = hn::And(hn::ShiftRightSame(Bytes(qh + l), 2 * p), hn::Set(DU(), 3));
-      const VF q = hn::Sub(ToF(hn::Or(lo, hn::ShiftLeft<4>(hi))), thirty_two);
-      sink(l, hn::Mul(ds, q));
+      const VU lo = pl < 2 ? Low4(raw) : High4(raw);
+      const VU hi = hn::And(hn::ShiftRightSame(Bytes(qh + l), 2 * pl), hn::Set(DU(), 3));
+      // q * ds - 32 ds: 32 ds is exact, so the FMA rounds ds * (q - 32)
+      // once, which is the reference's one rounding of (d * sc) * (q - 32).
+      const VF q = ToF(hn::Or(lo, hn::ShiftLeft<4>(hi)));
+      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, 32.0f * p.mul[i])));
     }
   }
 };
+
+// Groups [g0, g0 + count) of one row (any start, K-quant super-blocks
+// entered in the middle included), parameters prepared once per block.
+template <class Dec, class Sink>
+HWY_INLINE void DecodeGroups(DF df, const uint8_t* row, int64_t g0, int64_t count, Sink&& sink) {
+  for (int64_t g = g0; g < g0 + count;) {
+    const int64_t blk = g / Dec::kGroups;
+    const typename Dec::Params p = Dec::Prepare(row, blk);
+    for (; g < g0 + count && g / Dec::kGroups == blk; ++g) {
+      const int64_t base = (g - g0) * kQBlock;
+      Dec::Group(df, row, blk, static_cast<int>(g % Dec::kGroups), p,
+                 [&](int64_t j, VF v) HWY_ATTR { sink(base + j, v); });
+    }
+  }
+}
 
 // Calls f(Dec{}) with the decoder of `type`; false (f not called) for the
 // types with their own paths (F32, F16, BF16, Q8_0).

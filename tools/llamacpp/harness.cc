@@ -14,6 +14,11 @@
 //       prefills the prompt tokens (f16 KV cache, llama.cpp's default), then
 //       decodes N tokens greedily; prints one line per generated token:
 //       "<token> <top-1 logit> <top-2 logit>" (the gap tells a near-tie).
+//   harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS [NAME FIRST_ROW ROWS]...
+//       decodes the given rows of each named tensor with ggml's own
+//       to_float (its type traits) and writes: magic "KVQDEQNT", uint32
+//       n_requests, then per request uint32 ggml type, int64 cols, and
+//       ROWS*cols little-endian f32.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "ggml.h"
+#include "gguf.h"
 #include "llama.h"
 
 namespace {
@@ -33,7 +40,8 @@ int Usage() {
   std::fprintf(stderr,
                "usage: harness load MODEL.gguf\n"
                "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
-               "       harness greedy MODEL.gguf N [--threads N] TOKEN...\n");
+               "       harness greedy MODEL.gguf N [--threads N] TOKEN...\n"
+               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n");
   return 2;
 }
 
@@ -208,6 +216,84 @@ int Greedy(int argc, char** argv) {
   llama_free(ctx);
   llama_model_free(model);
   return status;
+// Reads rows [first, first + rows) of tensor `name` straight from the file
+// and decodes them with ggml's to_float; appends type, cols and values.
+bool DequantRows(FILE* file, gguf_context* gguf, ggml_context* meta, const char* name,
+                 int64_t first, int64_t rows, std::vector<char>* out) {
+  const int64_t id = gguf_find_tensor(gguf, name);
+  const ggml_tensor* t = ggml_get_tensor(meta, name);
+  if (id < 0 || t == nullptr) {
+    std::fprintf(stderr, "harness: no tensor '%s'\n", name);
+    return false;
+  }
+  const int64_t cols = t->ne[0];
+  const int64_t total_rows = ggml_nelements(t) / cols;
+  const ggml_type_traits* traits = ggml_get_type_traits(t->type);
+  if (first < 0 || rows <= 0 || first + rows > total_rows ||
+      (traits->to_float == nullptr && t->type != GGML_TYPE_F32)) {
+    std::fprintf(stderr, "harness: bad rows %lld+%lld of '%s' (%lld rows, type %s)\n",
+                 static_cast<long long>(first), static_cast<long long>(rows), name,
+                 static_cast<long long>(total_rows), ggml_type_name(t->type));
+    return false;
+  }
+  const size_t row_bytes = ggml_row_size(t->type, cols);
+  std::vector<uint8_t> raw(row_bytes * static_cast<size_t>(rows));
+  const long offset =
+      static_cast<long>(gguf_get_data_offset(gguf) + gguf_get_tensor_offset(gguf, id) +
+                        row_bytes * static_cast<size_t>(first));
+  if (std::fseek(file, offset, SEEK_SET) != 0 ||
+      std::fread(raw.data(), 1, raw.size(), file) != raw.size()) {
+    std::fprintf(stderr, "harness: cannot read '%s'\n", name);
+    return false;
+  }
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t->type == GGML_TYPE_F32) {  // ggml has no to_float for f32 itself
+      std::memcpy(values.data() + r * cols, raw.data() + r * row_bytes, row_bytes);
+    } else {
+      traits->to_float(raw.data() + r * row_bytes, values.data() + r * cols, cols);
+    }
+  }
+  const uint32_t type = static_cast<uint32_t>(t->type);
+  const char* p = reinterpret_cast<const char*>(&type);
+  out->insert(out->end(), p, p + sizeof(type));
+  p = reinterpret_cast<const char*>(&cols);
+  out->insert(out->end(), p, p + sizeof(cols));
+  p = reinterpret_cast<const char*>(values.data());
+  out->insert(out->end(), p, p + values.size() * sizeof(float));
+  return true;
+}
+
+int Dequant(int argc, char** argv) {
+  if (argc < 7 || (argc - 4) % 3 != 0) return Usage();
+  ggml_context* meta = nullptr;
+  gguf_init_params params = {/*no_alloc=*/true, &meta};
+  gguf_context* gguf = gguf_init_from_file(argv[2], params);
+  if (gguf == nullptr) {
+    std::fprintf(stderr, "harness: ggml cannot read %s\n", argv[2]);
+    return 1;
+  }
+  FILE* file = std::fopen(argv[2], "rb");
+  std::vector<char> out;
+  bool ok = file != nullptr;
+  const uint32_t requests = static_cast<uint32_t>((argc - 4) / 3);
+  for (int i = 4; ok && i + 2 < argc; i += 3) {
+    ok = DequantRows(file, gguf, meta, argv[i], std::atoll(argv[i + 1]), std::atoll(argv[i + 2]),
+                     &out);
+  }
+  if (file != nullptr) std::fclose(file);
+  gguf_free(gguf);
+  ggml_free(meta);
+  if (!ok) return 1;
+  FILE* f = std::fopen(argv[3], "wb");
+  if (f == nullptr) {
+    std::fprintf(stderr, "harness: cannot write %s\n", argv[3]);
+    return 1;
+  }
+  std::fwrite("KVQDEQNT", 1, 8, f);
+  std::fwrite(&requests, sizeof(requests), 1, f);
+  std::fwrite(out.data(), 1, out.size(), f);
+  return std::fclose(f) == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -223,6 +309,8 @@ int main(int argc, char** argv) {
     rc = Logits(argc, argv);
   } else if (std::strcmp(argv[1], "greedy") == 0) {
     rc = Greedy(argc, argv);
+  } else if (std::strcmp(argv[1], "dequant") == 0) {
+    rc = Dequant(argc, argv);
   } else {
     rc = Usage();
   }

@@ -216,6 +216,8 @@ int Greedy(int argc, char** argv) {
   llama_free(ctx);
   llama_model_free(model);
   return status;
+}
+
 // Reads rows [first, first + rows) of tensor `name` straight from the file
 // and decodes them with ggml's to_float; appends type, cols and values.
 bool DequantRows(FILE* file, gguf_context* gguf, ggml_context* meta, const char* name,

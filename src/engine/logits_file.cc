@@ -1,10 +1,14 @@
 #include "engine/logits_file.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
 #include "base/fp16.h"
+#include "io/mapped_file.h"
 
 namespace kvq {
 namespace {
@@ -87,13 +91,18 @@ Status LogitsFileWriter::Close() {
 }
 
 StatusOr<std::unique_ptr<LogitsFileReader>> LogitsFileReader::Open(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) return Status::Error(path + ": cannot read: " + ec.message());
+  // A regular file only (not a FIFO or device): its size is checked against
+  // the header before anything large is read.
+  size_t file_bytes = 0;
+  KVQ_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, SIZE_MAX, &file_bytes));
+  const uintmax_t size = file_bytes;
   std::unique_ptr<LogitsFileReader> r(new LogitsFileReader());
   r->path_ = path;
-  r->file_ = std::fopen(path.c_str(), "rb");
-  if (r->file_ == nullptr) return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  r->file_ = ::fdopen(fd, "rb");
+  if (r->file_ == nullptr) {
+    ::close(fd);
+    return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  }
   uint8_t head[kHeaderBytes];
   if (size < kHeaderBytes || std::fread(head, 1, kHeaderBytes, r->file_) != kHeaderBytes ||
       std::memcmp(head, kMagic, 8) != 0) {

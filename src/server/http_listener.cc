@@ -28,8 +28,8 @@ using Clock = std::chrono::steady_clock;
 // After an error response the connection is shut for writing and what the
 // client still sends is read and dropped for a moment, so the response is not
 // lost to a reset (RFC 9112 §9.6); bounded in time and bytes.
-constexpr auto kLingerTime = std::chrono::milliseconds(2000);
-constexpr size_t kLingerBytes = size_t{1} << 20;
+constexpr auto kLingerTime = std::chrono::milliseconds(5000);
+constexpr size_t kLingerBytes = size_t{64} << 20;  // read and dropped: time, not memory
 constexpr size_t kReadChunk = 16 << 10;
 
 class ThreadPool {

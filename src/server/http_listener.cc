@@ -181,7 +181,9 @@ struct HttpListener::Impl {
   std::atomic<int> open{0};
   // Owned by the loop thread: connections it reads (not those in handlers).
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
-  size_t buffered = 0;
+  // Request bytes held: bodies being received, and those of requests
+  // waiting for or in a handler (workers subtract theirs when done).
+  std::atomic<size_t> buffered{0};
   std::mutex returned_mutex;
   std::vector<std::unique_ptr<Conn>> returned;  // back from workers
   bool loop_done = false;                       // under returned_mutex
@@ -300,7 +302,8 @@ bool HttpListener::Impl::Process(Conn& c) {
       return true;
     }
     const size_t held = c.reader.buffered() + c.reader.request().body.size();
-    buffered = buffered - c.counted + held;
+    buffered += held;
+    buffered -= c.counted;
     c.counted = held;
     if (state == HttpRequestReader::State::kComplete) {
       Dispatch(c.fd);
@@ -333,7 +336,6 @@ void HttpListener::Impl::Dispatch(int fd) {
   std::unique_ptr<Conn> c = std::move(it->second);
   conns.erase(it);
   ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
-  Untrack(*c);
   c->phase = Phase::kHandler;
   HttpRequest request = c->reader.TakeRequest();
   const bool probe = request.method == "GET" || request.method == "HEAD";
@@ -361,7 +363,12 @@ bool HttpListener::Impl::WriteResponse(Conn& c, const HttpRequest& req, HttpResp
                      options.write_timeout);
   SocketSink sink(c.fd, !http10, options.write_timeout);
   while (ok && !head_only && !sink.done()) {
-    if (!res.stream(sink)) break;
+    bool more = false;
+    try {
+      more = res.stream(sink);
+    } catch (...) {  // a producer bug ends this stream, not the process
+    }
+    if (!more) break;
   }
   if (head_only) sink.Done();
   ok = ok && sink.done();
@@ -371,7 +378,17 @@ bool HttpListener::Impl::WriteResponse(Conn& c, const HttpRequest& req, HttpResp
 
 void HttpListener::Impl::Serve(std::unique_ptr<Conn> c, HttpRequest request) {
   HttpResponse res;
-  handler(HttpExchange{request, c->fd}, res);
+  try {
+    handler(HttpExchange{request, c->fd}, res);
+  } catch (...) {
+    // A handler bug (or out of memory) answers 500; it must not end the process.
+    res = HttpResponse{};
+    res.status = 500;
+    res.SetContent(error_body(500, "internal error"), "application/json");
+  }
+  buffered -= c->counted;  // the body is no longer needed
+  c->counted = 0;
+  request.body = std::string();
   bool keep_alive = request.keep_alive && !res.close && !stopping.load();
   const bool ok = WriteResponse(*c, request, res, &keep_alive);
   if (!ok) {

@@ -59,7 +59,7 @@ start_server() {
   PID=$!
   PORT=""
   for _ in $(seq 1 300); do
-    PORT=$(sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$log.out")
+    PORT=$(sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$log.out" 2>/dev/null)
     [ -n "$PORT" ] && return 0
     kill -0 $PID 2>/dev/null || return 1
     sleep 0.1

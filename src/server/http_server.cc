@@ -132,6 +132,11 @@ struct HttpServer::Impl {
     HandleCompletion(exchange, res, true);
   }
   bool CheckBody(const HttpRequest& req, HttpResponse& res);
+  bool PromptIds(const CompletionRequest& request, bool chat, std::vector<int32_t>* out,
+                 HttpResponse& res);
+  bool Prepare(const HttpRequest& req, bool chat, CompletionRequest* request, ServeRequest* serve,
+               HttpResponse& res);
+  void AnswerWhole(HttpResponse& res, StreamState& state);
   void HandleCompletion(const HttpExchange& exchange, HttpResponse& res, bool chat);
   void Stream(HttpResponse& res, std::shared_ptr<StreamState> state);
 };
@@ -228,9 +233,100 @@ bool HttpServer::Impl::CheckBody(const HttpRequest& req, HttpResponse& res) {
   return true;
 }
 
+// The prompt as token ids, exactly as `kvq generate` builds them for the
+// same text; false after answering an error.
+bool HttpServer::Impl::PromptIds(const CompletionRequest& request, bool chat,
+                                 std::vector<int32_t>* out, HttpResponse& res) {
+  const int64_t vocab = model.transformer->config().vocab_size;
+  StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>{};
+  if (chat) {
+    ids = ChatPromptIds(model, request.messages);
+  } else if (!request.prompt_ids.empty()) {
+    ids = request.prompt_ids;
+    for (int32_t id : request.prompt_ids) {
+      if (id >= vocab) {
+        SendError(res, MakeError(400, "invalid_request_error",
+                                 "token id " + std::to_string(id) + " is outside the " +
+                                     "vocabulary of " + std::to_string(vocab),
+                                 "", "prompt"));
+        return false;
+      }
+    }
+  } else {
+    ids = BuildPrompt(model, request.prompt, /*chat=*/false);
+  }
+  if (!ids.ok()) {
+    SendError(res, MakeError(400, "invalid_request_error", ids.status().message(), "",
+                             chat ? "messages" : "prompt"));
+    return false;
+  }
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id >= vocab) {
+      SendError(res, MakeError(400, "invalid_request_error",
+                               "logit_bias names token " + std::to_string(id) +
+                                   ", outside the vocabulary of " + std::to_string(vocab),
+                               "", "logit_bias"));
+      return false;
+    }
+  }
+  *out = std::move(ids).value();
+  return true;
+}
+
+// Body -> validated request -> what the engine runs; false after answering
+// an error.
+bool HttpServer::Impl::Prepare(const HttpRequest& req, bool chat, CompletionRequest* request,
+                               ServeRequest* serve, HttpResponse& res) {
+  ApiError error;
+  if (!CheckBody(req, res)) return false;
+  if (!ParseCompletionRequest(req.body, chat, request, &error)) {
+    SendError(res, error);
+    return false;
+  }
+  // One model: a request that names none gets it (as vLLM and llama-server
+  // do); a request that names another is refused.
+  if (request->model.empty()) request->model = options.model_name;
+  if (request->model != options.model_name) {
+    SendError(res, MakeError(404, "invalid_request_error",
+                             "The model '" + request->model + "' does not exist; this " +
+                                 "server serves '" + options.model_name + "'.",
+                             "model_not_found", "model"));
+    return false;
+  }
+  if (!PromptIds(*request, chat, &serve->prompt, res)) return false;
+  const int64_t prompt_tokens = static_cast<int64_t>(serve->prompt.size());
+  if (request->max_tokens) {
+    serve->max_tokens = *request->max_tokens;
+  } else {
+    // vLLM's defaults: 16 for completions, the rest of the context for chat.
+    const int64_t room = engine.MaxNewTokens(prompt_tokens);
+    if (room < 1) {
+      SendError(res, MakeError(400, "invalid_request_error",
+                               "the prompt is " + std::to_string(prompt_tokens) +
+                                   " tokens, which leaves no room to generate: this server's "
+                                   "context (--max-model-len) and KV cache hold " +
+                                   std::to_string(prompt_tokens + room) + " tokens per request",
+                               "context_length_exceeded", chat ? "messages" : "prompt"));
+      return false;
+    }
+    serve->max_tokens = chat ? room : std::min(options.default_max_tokens, room);
+  }
+  SamplingParams& sampling = serve->sampling;
+  sampling.temperature = request->temperature;
+  sampling.top_p = request->top_p;
+  sampling.top_k = request->top_k;
+  sampling.presence_penalty = request->presence_penalty;
+  sampling.frequency_penalty = request->frequency_penalty;
+  sampling.logit_bias = request->logit_bias;
+  sampling.seed = request->seed ? *request->seed : RandomSeed();
+  serve->stop = request->stop;
+  serve->stop_at_eos = !request->ignore_eos;
+  serve->logprobs = request->logprobs;
+  return true;
+}
+
 void HttpServer::Impl::HandleCompletion(const HttpExchange& exchange, HttpResponse& res,
                                         bool chat) {
-  const HttpRequest& req = exchange.request;
   // A stream stays open after the handler returns: its releaser decrements.
   ++open_requests;
   struct Done {
@@ -240,78 +336,8 @@ void HttpServer::Impl::HandleCompletion(const HttpExchange& exchange, HttpRespon
     }
   } done{&open_requests};
   CompletionRequest request;
-  ApiError error;
-  if (!CheckBody(req, res)) return;
-  if (!ParseCompletionRequest(req.body, chat, &request, &error)) return SendError(res, error);
-  // One model: a request that names none gets it (as vLLM and llama-server
-  // do); a request that names another is refused.
-  if (request.model.empty()) request.model = options.model_name;
-  if (request.model != options.model_name) {
-    return SendError(res, MakeError(404, "invalid_request_error",
-                                    "The model '" + request.model + "' does not exist; this " +
-                                        "server serves '" + options.model_name + "'.",
-                                    "model_not_found", "model"));
-  }
-  const int64_t vocab = model.transformer->config().vocab_size;
-  // Token ids exactly as `kvq generate` builds them for the same text.
-  StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>{};
-  if (chat) {
-    ids = ChatPromptIds(model, request.messages);
-  } else if (!request.prompt_ids.empty()) {
-    ids = request.prompt_ids;
-    for (int32_t id : request.prompt_ids) {
-      if (id >= vocab) {
-        return SendError(res, MakeError(400, "invalid_request_error",
-                                        "token id " + std::to_string(id) + " is outside the " +
-                                            "vocabulary of " + std::to_string(vocab),
-                                        "", "prompt"));
-      }
-    }
-  } else {
-    ids = BuildPrompt(model, request.prompt, /*chat=*/false);
-  }
-  if (!ids.ok()) {
-    return SendError(res, MakeError(400, "invalid_request_error", ids.status().message(), "",
-                                    chat ? "messages" : "prompt"));
-  }
-  for (const auto& [id, bias] : request.logit_bias) {
-    if (id >= vocab) {
-      return SendError(res, MakeError(400, "invalid_request_error",
-                                      "logit_bias names token " + std::to_string(id) +
-                                          ", outside the vocabulary of " + std::to_string(vocab),
-                                      "", "logit_bias"));
-    }
-  }
   ServeRequest serve;
-  serve.prompt = std::move(ids).value();
-  const int64_t prompt_tokens = static_cast<int64_t>(serve.prompt.size());
-  if (request.max_tokens) {
-    serve.max_tokens = *request.max_tokens;
-  } else {
-    // vLLM's defaults: 16 for completions, the rest of the context for chat.
-    const int64_t room = engine.MaxNewTokens(prompt_tokens);
-    if (room < 1) {
-      return SendError(
-          res, MakeError(400, "invalid_request_error",
-                         "the prompt is " + std::to_string(prompt_tokens) +
-                             " tokens, which leaves no room to generate: this server's context "
-                             "(--max-model-len) and KV cache hold " +
-                             std::to_string(prompt_tokens + room) + " tokens per request",
-                         "context_length_exceeded", chat ? "messages" : "prompt"));
-    }
-    serve.max_tokens = chat ? room : std::min(options.default_max_tokens, room);
-  }
-  serve.sampling.temperature = request.temperature;
-  serve.sampling.top_p = request.top_p;
-  serve.sampling.top_k = request.top_k;
-  serve.sampling.presence_penalty = request.presence_penalty;
-  serve.sampling.frequency_penalty = request.frequency_penalty;
-  serve.sampling.logit_bias = request.logit_bias;
-  serve.sampling.seed = request.seed ? *request.seed : RandomSeed();
-  serve.stop = request.stop;
-  serve.stop_at_eos = !request.ignore_eos;
-  serve.logprobs = request.logprobs;
-
+  if (!Prepare(exchange.request, chat, &request, &serve, res)) return;
   if (shutting_down.load()) {
     res.SetHeader("Retry-After", "5");
     return SendError(res, MakeError(503, "server_error", "the server is shutting down"));
@@ -331,7 +357,6 @@ void HttpServer::Impl::HandleCompletion(const HttpExchange& exchange, HttpRespon
       res.SetHeader("Retry-After", "5");
       return SendError(res, MakeError(503, "server_error", submitted.message));
   }
-
   auto state = std::make_shared<StreamState>();
   state->request = std::move(request);
   state->id = NewId(chat);
@@ -347,19 +372,22 @@ void HttpServer::Impl::HandleCompletion(const HttpExchange& exchange, HttpRespon
     done.count = nullptr;
     return Stream(res, state);
   }
+  AnswerWhole(res, *state);
+}
 
-  // Not streaming: nothing is written until the end, so the only sign of a
-  // client that has gone is its socket. Look at least every 50 ms (a poll(2)
-  // without waiting) and cancel at once: the blocks go back to the others at
-  // the engine's next step.
-  std::string text = state->echo_text;
+// Not streaming: nothing is written until the end, so the only sign of a
+// client that has gone is its socket. Look at least every 50 ms (a poll(2)
+// without waiting) and cancel at once: the blocks go back to the others at
+// the engine's next step.
+void HttpServer::Impl::AnswerWhole(HttpResponse& res, StreamState& state) {
+  std::string text = state.echo_text;
   std::vector<TokenLogprob> logprobs;
   while (true) {
     std::vector<RequestEvent> events;
-    state->channel->Pop(&events, std::chrono::milliseconds(50));
+    state.channel->Pop(&events, std::chrono::milliseconds(50));
     const bool ended = !events.empty() && events.back().final;
-    if (!ended && PeerClosed(state->socket)) {
-      engine.Cancel(state->channel);
+    if (!ended && PeerClosed(state.socket)) {
+      engine.Cancel(state.channel);
       return SendError(res,
                        MakeError(400, "invalid_request_error", "the client closed the connection"));
     }
@@ -375,10 +403,10 @@ void HttpServer::Impl::HandleCompletion(const HttpExchange& exchange, HttpRespon
                                         "the request was cancelled (server shutting down)"));
       }
       const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
-      const ChoiceLogprobs choice_logprobs = WithText(logprobs, &state->text_offset);
+      const ChoiceLogprobs choice_logprobs = WithText(logprobs, &state.text_offset);
       res.SetContent(
-          CompletionJson(state->request, state->id, state->created, text, event.finish_reason,
-                         usage, state->request.logprobs >= 0 ? &choice_logprobs : nullptr),
+          CompletionJson(state.request, state.id, state.created, text, event.finish_reason, usage,
+                         state.request.logprobs >= 0 ? &choice_logprobs : nullptr),
           "application/json");
       return;
     }

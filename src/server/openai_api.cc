@@ -177,6 +177,33 @@ bool ParseLogitBias(const json& body, CompletionRequest* request, ApiError* erro
   return true;
 }
 
+// temperature, top_p, top_k, seed, n, penalties, logit_bias.
+bool ParseSampling(const json& body, CompletionRequest* request, ApiError* error) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+  if (!GetFloat(body, "temperature", 0, 2, &request->temperature, error)) return false;
+  if (!GetFloat(body, "top_p", 0, 1, &request->top_p, error)) return false;
+  if (request->top_p <= 0) return Fail(error, "top_p", "'top_p' must be greater than 0");
+  std::optional<int64_t> top_k, seed, n;
+  if (!GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k, error)) return false;
+  if (top_k) request->top_k = *top_k < 0 ? 0 : static_cast<int32_t>(*top_k);  // -1: off (vLLM)
+  if (!GetInt(body, "seed", std::numeric_limits<int64_t>::min(), kMaxInt, &seed, error)) {
+    return false;
+  }
+  if (seed) request->seed = static_cast<uint64_t>(*seed);
+  if (!GetInt(body, "n", 1, 1, &n, error)) {
+    error->message = "only n = 1 is supported";
+    return false;
+  }
+  if (!GetFloat(body, "presence_penalty", -2, 2, &request->presence_penalty, error)) return false;
+  if (!GetFloat(body, "frequency_penalty", -2, 2, &request->frequency_penalty, error)) {
+    return false;
+  }
+  if (!ParseLogitBias(body, request, error)) return false;
+  return true;
+}
+
+bool CheckDefaultsOnly(const json& body, ApiError* error);
+
 // Every field is honoured, inert, or refused (see ParseCompletionRequest).
 bool CheckFieldsKnown(const json& body, bool chat, ApiError* error) {
   static const char* kCommon[] = {"model",
@@ -213,7 +240,12 @@ bool CheckFieldsKnown(const json& body, bool chat, ApiError* error) {
                   "unsupported field '" + key + "' (this server does not implement it)");
     }
   }
-  // Implemented only at their default: anything else would be ignored.
+  return CheckDefaultsOnly(body, error);
+}
+
+// Fields implemented only at their default value: any other value would be
+// ignored, so it is refused.
+bool CheckDefaultsOnly(const json& body, ApiError* error) {
   auto refuse = [&](const char* field, const std::string& why) {
     return Fail(error, field, std::string("'") + field + "' " + why);
   };
@@ -361,25 +393,7 @@ bool ParseCompletionRequest(std::string_view body_text, bool chat, CompletionReq
   }
   request->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
 
-  if (!GetFloat(body, "temperature", 0, 2, &request->temperature, error)) return false;
-  if (!GetFloat(body, "top_p", 0, 1, &request->top_p, error)) return false;
-  if (request->top_p <= 0) return Fail(error, "top_p", "'top_p' must be greater than 0");
-  std::optional<int64_t> top_k, seed, n;
-  if (!GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k, error)) return false;
-  if (top_k) request->top_k = *top_k < 0 ? 0 : static_cast<int32_t>(*top_k);  // -1: off (vLLM)
-  if (!GetInt(body, "seed", std::numeric_limits<int64_t>::min(), kMaxInt, &seed, error)) {
-    return false;
-  }
-  if (seed) request->seed = static_cast<uint64_t>(*seed);
-  if (!GetInt(body, "n", 1, 1, &n, error)) {
-    error->message = "only n = 1 is supported";
-    return false;
-  }
-  if (!GetFloat(body, "presence_penalty", -2, 2, &request->presence_penalty, error)) return false;
-  if (!GetFloat(body, "frequency_penalty", -2, 2, &request->frequency_penalty, error)) {
-    return false;
-  }
-  if (!ParseLogitBias(body, request, error)) return false;
+  if (!ParseSampling(body, request, error)) return false;
   if (!GetBool(body, "stream", &request->stream, error)) return false;
   if (!GetBool(body, "ignore_eos", &request->ignore_eos, error)) return false;
   if (!chat && !GetBool(body, "echo", &request->echo, error)) return false;

@@ -137,6 +137,12 @@ int ParseVersion(std::string_view v) {
 }  // namespace
 
 HttpRequestReader::State HttpRequestReader::ParseHead(std::string_view head) {
+  // The same bound Feed applies while the request line arrives, so the
+  // answer does not depend on how the bytes were split.
+  if (std::min(head.find('\n'), head.size()) > limits_.max_target_bytes + 64) {
+    return Fail(414, "the request target is longer than " +
+                         std::to_string(limits_.max_target_bytes) + " bytes");
+  }
   // Lines end in CRLF or a bare LF (RFC 9112 §2.2); a CR anywhere else is
   // invalid. The head ends with its empty line, which is dropped here.
   std::vector<std::string_view> lines;
@@ -413,7 +419,8 @@ HttpRequestReader::State HttpRequestReader::Feed(const char* data, size_t size) 
       scan_ = std::max(scan_, pos_);
       const size_t pending = buffered();
       const size_t line_end = buffer_.find('\n', pos_);
-      if (line_end == std::string::npos && pending > limits_.max_target_bytes + 64) {
+      const size_t first_line = (line_end == std::string::npos ? buffer_.size() : line_end) - pos_;
+      if (first_line > limits_.max_target_bytes + 64) {
         return Fail(414, "the request target is longer than " +
                              std::to_string(limits_.max_target_bytes) + " bytes");
       }

@@ -275,5 +275,14 @@ TEST(Http1Test, Expect) {
   EXPECT_EQ(ErrorOf("POST / HTTP/1.1\r\nHost: a\r\nExpect: tea\r\n\r\n"), 417);
 }
 
+// Found by fuzz/http_request_fuzz: a request line over the limit gave 400
+// when it arrived whole and 414 when split. The answer is 414 either way.
+TEST(Http1Test, LongRequestLineIs414HoweverSplit) {
+  HttpLimits limits;
+  limits.max_target_bytes = 256;
+  EXPECT_EQ(ErrorOf("GET" + std::string(400, '\t') + "p,alive\r\n\r\n", limits), 414);
+  EXPECT_EQ(ErrorOf(std::string(340, '\0') + "\n", limits), 414);
+}
+
 }  // namespace
 }  // namespace kvq

@@ -14,10 +14,10 @@ STAMP="$DEPS/.setup-stamp"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl ccache
-  clang libclang-rt-14-dev clang-format
+  clang libclang-rt-14-dev libomp-14-dev clang-format  # libomp: OpenMP for the clang fuzz build
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libopenblas-openmp-dev libopenblas0-openmp
-  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
+  nlohmann-json3-dev libcli11-dev libpcre2-dev
   python3-torch python3-numpy python3-regex python3-matplotlib python3-pip unzip
   chromium  # headless: the HTML report test (tests/report/) renders the page
 )

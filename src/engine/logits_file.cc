@@ -1,11 +1,15 @@
 #include "engine/logits_file.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
 #include "base/fp16.h"
+#include "io/mapped_file.h"
 
 namespace kvq {
 namespace {
@@ -185,13 +189,18 @@ Status LogitsFileWriter::Close() {
 }
 
 StatusOr<std::unique_ptr<LogitsFileReader>> LogitsFileReader::Open(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) return Status::Error(path + ": cannot read: " + ec.message());
+  // A regular file only (not a FIFO or device): its size is checked against
+  // the header before anything large is read.
+  size_t file_bytes = 0;
+  KVQ_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, SIZE_MAX, &file_bytes));
+  const uintmax_t size = file_bytes;
   std::unique_ptr<LogitsFileReader> r(new LogitsFileReader());
   r->path_ = path;
-  r->file_ = std::fopen(path.c_str(), "rb");
-  if (r->file_ == nullptr) return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  r->file_ = ::fdopen(fd, "rb");
+  if (r->file_ == nullptr) {
+    ::close(fd);
+    return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  }
   uint8_t head[kHeaderBytes];
   if (size >= 8 && std::fread(head, 1, 8, r->file_) == 8 &&
       std::memcmp(head, kLlamaMagic, 8) == 0) {
@@ -286,17 +295,29 @@ Status LogitsFileReader::DecodeLlamaRow(LogitsRow* row) {
   row->log_probs.resize(header_.n_vocab);
   const uint8_t* codes = buffer_.data() + 8;
   int32_t argmax = 0;
+  float best = 0;
   for (uint32_t i = 0; i < header_.n_vocab; ++i) {
     uint16_t q;
     std::memcpy(&q, codes + 2 * i, 2);
     const float lp = scale * q + min_log_prob;
-    row->log_probs[i] = lp;
-    if (lp > row->log_probs[argmax]) argmax = static_cast<int32_t>(i);
+    // Code 0 is "at or below the floor 16 nats under the top": llama.cpp
+    // leaves such tokens out of its KL sum, and so do kvq's readers (as
+    // zero probability). Keeping them at the floor value would give the
+    // ~50K tail tokens of a real vocabulary ~0.5% of the mass.
+    row->log_probs[i] = q == 0 ? -INFINITY : lp;
+    if (i == 0 || lp > best) {
+      best = lp;
+      argmax = static_cast<int32_t>(i);
+    }
   }
   row->argmax = argmax;
-  row->nll = target >= 0 && static_cast<uint32_t>(target) < header_.n_vocab
-                 ? static_cast<float>(-row->log_probs[target])
-                 : NAN;
+  if (target >= 0 && static_cast<uint32_t>(target) < header_.n_vocab) {
+    uint16_t q;
+    std::memcpy(&q, codes + 2 * target, 2);
+    row->nll = -(scale * q + min_log_prob);  // the floor value for a clamped target, as llama.cpp
+  } else {
+    row->nll = NAN;
+  }
   return Status::Ok();
 }
 

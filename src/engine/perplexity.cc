@@ -49,6 +49,7 @@ double KlDivergence(const std::vector<double>& base, const std::vector<double>& 
   const double lse = max + std::log(sum);
   double kl = 0;
   for (size_t i = 0; i < base.size(); ++i) {
+    if (base[i] == -INFINITY) continue;  // zero probability in the base
     const double lb = base[i] - lse;
     kl += std::exp(lb) * (lb - log_probs[i]);
   }

@@ -2,8 +2,9 @@
 
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
+
+#include "io/mapped_file.h"
 
 namespace kvq {
 namespace {
@@ -23,11 +24,13 @@ bool IsCommitHash(const std::string& s) {
 }
 
 // refs/<revision> holds a commit hash and nothing else (the hub writes no
-// newline, but tolerate one).
+// newline, but tolerate one). Read bounded: a ref may be anything on disk.
 std::string ReadRef(const fs::path& ref) {
-  std::ifstream in(ref);
-  std::string commit;
-  if (!in || !std::getline(in, commit)) return "";
+  std::error_code ec;
+  if (!fs::is_regular_file(ref, ec)) return "";
+  StatusOr<std::string> text = ReadTextFile(ref.string(), 4096);
+  if (!text.ok()) return "";
+  std::string commit = *text;
   while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back()))) {
     commit.pop_back();
   }

@@ -124,7 +124,7 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-r,--repetitions", flags->repetitions, "Timed runs per test (default 5)")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunBenchCommand(*flags); });
 }

@@ -108,7 +108,7 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
                   "Squared gradients per K/V element from tools/train/kvquant_fisher.py (same "
                   "text, --tokens, --ctx) to weight the k-means with (KVQuant's Fisher weights)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->callback([flags, &ctx] { ctx.exit_code = RunCalibrateCommand(*flags); });
 }
 

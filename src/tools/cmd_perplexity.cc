@@ -143,7 +143,7 @@ void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--chunks", flags->chunks, "Score at most this many windows (default: all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->add_option("--save-logits", flags->save_logits,
                   "Write the scored positions' log-probs here (a baseline for --kl-divergence)");
   cmd->add_flag("--save-logits-f32", flags->save_logits_f32,

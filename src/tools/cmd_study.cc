@@ -342,13 +342,13 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--recall-depths", flags->recall_depths,
                   "Passkey depths in [0, 1] (default 0,0.25,0.5,0.75,1; --quick 0,0.5,1)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(FiniteRange(0, 1));
   cmd->add_option("--recall-trials", flags->recall_trials,
                   "Passkey trials per (context, depth) (default 2; 1 with --quick)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", flags->seed, "Seed of the passkey prompts (default 1234)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->add_option("--json", flags->json, "Write every number here (default study.json)");
   cmd->add_option("--report", flags->report, "Write the self-contained HTML report here");
   cmd->add_option("--dump", flags->dump, "Write the captured q/K/V as safetensors here");

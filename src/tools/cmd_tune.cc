@@ -137,8 +137,9 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-o,--output", flags->output, "Policy file to write (default kv-policy.txt)");
   cmd->add_option("--kl-budget", flags->kl_budget,
                   "Mean KL(f16 || policy) allowed, nats per token (default 0.01)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("-c,--ctx", flags->context, "Calibration window in tokens (default 512)");
+      ->check(FiniteRange(1e-9, 1e3));
+  cmd->add_option("-c,--ctx", flags->context, "Calibration window in tokens (default 512)")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 24));
   cmd->add_option("--windows", flags->windows, "Calibration windows (default 4)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--k-candidates", flags->k_candidates,
@@ -148,7 +149,7 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
                   "V types, most precise first (default f16,int8,int4-g32-asym-r128,"
                   "int2-g32-asym-r128: KIVI's values)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->callback([flags, &ctx] {
     char budget[32];
     std::snprintf(budget, sizeof(budget), "%g", flags->kl_budget);

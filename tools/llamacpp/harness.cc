@@ -15,12 +15,22 @@
 //       to_float (its type traits) and writes: magic "KVQDEQNT", uint32
 //       n_requests, then per request uint32 ggml type, int64 cols, and
 //       ROWS*cols little-endian f32.
+//   harness vecdot [ROWS COLS]
+//       ggml's CPU matrix-vector speed per weight type on a random matrix
+//       (default 576 x 1536) small enough to stay in L2: x quantized to the
+//       type's vec_dot_type once, then one vec_dot per row; best of 7 runs
+//       of 200, thread CPU time, one thread. Compared with kvq's MatvecL2
+//       rows of bench/ops_bench.cc (see ops/matvec.h).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "ggml-cpu.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
@@ -35,7 +45,8 @@ int Usage() {
   std::fprintf(stderr,
                "usage: harness load MODEL.gguf\n"
                "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
-               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n");
+               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n"
+               "       harness vecdot [ROWS COLS]\n");
   return 2;
 }
 
@@ -214,10 +225,61 @@ int Dequant(int argc, char** argv) {
   return std::fclose(f) == 0 ? 0 : 1;
 }
 
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+int VecDot(int argc, char** argv) {
+  const int64_t rows = argc >= 4 ? std::atoll(argv[2]) : 576;
+  const int64_t cols = argc >= 4 ? std::atoll(argv[3]) : 1536;
+  if (rows <= 0 || cols <= 0 || cols % 256 != 0) return Usage();
+  ggml_cpu_init();
+  const ggml_type types[] = {GGML_TYPE_F16,  GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,
+                             GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_IQ4_NL, GGML_TYPE_Q2_K,
+                             GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,   GGML_TYPE_Q6_K};
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  std::vector<float> wf(static_cast<size_t>(rows * cols));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-0.05f, 0.05f);
+  for (float& v : wf) v = dist(rng);
+  for (ggml_type t : types) {
+    const size_t row_bytes = ggml_row_size(t, cols);
+    std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows));
+    ggml_quantize_chunk(t, wf.data(), w.data(), 0, rows, cols, nullptr);
+    const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
+    const ggml_type xt = traits->vec_dot_type;
+    std::vector<uint8_t> xq(ggml_row_size(xt, cols));
+    const auto run = [&] {
+      const void* xp = x.data();
+      if (xt != GGML_TYPE_F32) {
+        ggml_get_type_traits_cpu(xt)->from_float(x.data(), xq.data(), cols);
+        xp = xq.data();
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        traits->vec_dot(static_cast<int>(cols), &y[r], 0, w.data() + r * row_bytes, 0, xp, 0, 1);
+      }
+    };
+    for (int i = 0; i < 50; ++i) run();
+    double best = 1e30;
+    for (int rep = 0; rep < 7; ++rep) {
+      const double t0 = ThreadCpuSeconds();
+      for (int i = 0; i < 200; ++i) run();
+      best = std::min(best, (ThreadCpuSeconds() - t0) / 200);
+    }
+    std::printf("vecdot %s x %s %lldx%lld: %.2f Gweights/s %.2f GB/s\n", ggml_type_name(t),
+                ggml_type_name(xt), static_cast<long long>(rows), static_cast<long long>(cols),
+                static_cast<double>(rows * cols) / best / 1e9,
+                static_cast<double>(w.size()) / best / 1e9);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) return Usage();
+  if (argc < 2 || (argc < 3 && std::strcmp(argv[1], "vecdot") != 0)) return Usage();
   llama_log_set(QuietLog, nullptr);
   llama_backend_init();
   int rc;
@@ -227,6 +289,8 @@ int main(int argc, char** argv) {
     rc = Logits(argc, argv);
   } else if (std::strcmp(argv[1], "dequant") == 0) {
     rc = Dequant(argc, argv);
+  } else if (std::strcmp(argv[1], "vecdot") == 0) {
+    rc = VecDot(argc, argv);
   } else {
     rc = Usage();
   }

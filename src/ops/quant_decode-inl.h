@@ -126,19 +126,22 @@ struct DecQ4_1 {
   }
 };
 
-// 5-bit values j ... j + N and j + 16 ... of a Q5 block, as u32 lanes.
+// 5-bit values j ... j + N and j + 16 ... of a Q5 block, as u32 lanes. The
+// fifth bits come as a lane mask straight from qh (a mask register load on
+// AVX-512) and set bit 4 where present.
 template <class Block>
 HWY_INLINE void Q5Pair(const Block& b, int64_t j, VU* lo, VU* hi) {
   const DU du;
   uint32_t qh;
   std::memcpy(&qh, b.qh, 4);
-  const VU lane = hn::Iota(du, 0);
-  const VU one = hn::Set(du, 1);
+  const uint64_t bits_lo = qh >> j, bits_hi = qh >> (j + 16);  // bit i = lane i
+  const auto m_lo = hn::LoadMaskBits(du, reinterpret_cast<const uint8_t*>(&bits_lo));
+  const auto m_hi = hn::LoadMaskBits(du, reinterpret_cast<const uint8_t*>(&bits_hi));
+  const VU sixteen = hn::Set(du, 16);
   const VU q = Bytes(b.qs + j);
-  const VU h0 = hn::And(hn::Set(du, qh >> j) >> lane, one);
-  const VU h1 = hn::And(hn::Set(du, qh >> (j + 16)) >> lane, one);
-  *lo = hn::Or(Low4(q), hn::ShiftLeft<4>(h0));
-  *hi = hn::Or(High4(q), hn::ShiftLeft<4>(h1));
+  const VU q_lo = Low4(q), q_hi = High4(q);
+  *lo = hn::IfThenElse(m_lo, hn::Or(q_lo, sixteen), q_lo);
+  *hi = hn::IfThenElse(m_hi, hn::Or(q_hi, sixteen), q_hi);
 }
 
 struct DecQ5_0 {

@@ -24,12 +24,13 @@ namespace kvq::ops {
 // kvq f32-activation kernels vs ggml's native AVX-512 VNNI vec_dot; runs
 // vary by ~20%):
 //   f16 14-15 vs 23, q8_0 11-12 vs 21-23, q4_0 10 vs 19, q4_1 8-9 vs 15-19,
-//   q5_0 6.5 vs 13-16, q5_1 6.5 vs 16, iq4_nl 4 vs 16-17, q2_K 8-9 vs 29-31,
-//   q3_K 3.7 vs 15, q4_K 6-7 vs 18, q5_K 4-4.6 vs 12-19, q6_K 3.7-4.4 vs 18-26.
+//   q5_0 8.8 vs 13-16, q5_1 8 vs 16, iq4_nl 4 vs 16-17, q2_K 9-10 vs 29-31,
+//   q3_K 3.8 vs 15, q4_K 7 vs 18, q5_K 6 vs 12-19, q6_K 6 vs 18-26.
 // From DRAM (ops_bench Matvec at 896 x 4864, weights rotated past the
 // caches, ratio to the interleaved read probe) f16 and q8_0 reach the probe
 // (0.85-1.3), q4_0/q4_1 0.8-0.9, q5_0/q5_1 0.5-0.6, q4_K/q6_K 0.45-0.55,
-// q2_K/q3_K/q5_K/iq4_nl 0.2-0.4: the block types are compute-bound.
+// q2_K/q3_K/q5_K/iq4_nl 0.2-0.4 (before the last q5/q6_K speed-ups): the
+// block types are compute-bound.
 // Kept for now because it is exact: results depend only on W and x (the
 // stored weights' f32 model); llama.cpp's add an 8-bit rounding of x, so
 // the two agree only to within that rounding. The integer path (VNNI

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "base/fp16.h"
 #include "hwy/highway.h"
@@ -256,7 +257,7 @@ struct DecQ3_K {
     Params p;
     for (int i = 0; i < 16; ++i) {
       p.mul[i] = d * static_cast<float>(Q3KScale(b.scales, i));
-      p.sub[i] = 0.0f;
+      p.sub[i] = 4.0f * p.mul[i];  // exact
     }
     return p;
   }
@@ -273,7 +274,7 @@ struct DecQ3_K {
       const VU high = hn::And(hn::ShiftRightSame(Bytes(b.hmask + l), h * 4 + pl), hn::Set(DU(), 1));
       // (low + 4 high) * dl - 4 dl = dl * (q - 4), one rounding (as Q4_0).
       const VF q = ToF(hn::Or(low, hn::ShiftLeft<2>(high)));
-      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, 4.0f * p.mul[i])));
+      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, p.sub[i])));
     }
   }
 };
@@ -325,7 +326,7 @@ struct DecQ6_K {
     Params p;
     for (int i = 0; i < 16; ++i) {
       p.mul[i] = d * static_cast<float>(b.scales[i]);
-      p.sub[i] = 0.0f;
+      p.sub[i] = 32.0f * p.mul[i];  // exact
     }
     return p;
   }
@@ -342,14 +343,28 @@ struct DecQ6_K {
       const int i = 2 * s + static_cast<int>(l / 16);
       const VU raw = Bytes(ql + l);
       const VU lo = pl < 2 ? Low4(raw) : High4(raw);
-      const VU hi = hn::And(hn::ShiftRightSame(Bytes(qh + l), 2 * pl), hn::Set(DU(), 3));
+      // Bits 2pl, 2pl + 1 of qh moved straight to bits 4, 5.
+      const VU h = Bytes(qh + l);
+      const VU hi = hn::And(pl < 3 ? hn::ShiftLeftSame(h, 4 - 2 * pl) : hn::ShiftRight<2>(h),
+                            hn::Set(DU(), 0x30));
       // q * ds - 32 ds: 32 ds is exact, so the FMA rounds ds * (q - 32)
       // once, which is the reference's one rounding of (d * sc) * (q - 32).
-      const VF q = ToF(hn::Or(lo, hn::ShiftLeft<4>(hi)));
-      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, 32.0f * p.mul[i])));
+      const VF q = ToF(hn::Or(lo, hi));
+      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, p.sub[i])));
     }
   }
 };
+
+// f(0), f(1) ... f(kCount - 1) as straight-line code, so a decoder inlined
+// into f sees its group index as a constant.
+template <int kCount, class F, int... kS>
+HWY_INLINE void ForEachGroupImpl(F&& f, std::integer_sequence<int, kS...>) {
+  (f(kS), ...);
+}
+template <int kCount, class F>
+HWY_INLINE void ForEachGroup(F&& f) {
+  ForEachGroupImpl<kCount>(f, std::make_integer_sequence<int, kCount>());
+}
 
 // Groups [g0, g0 + count) of one row (any start, K-quant super-blocks
 // entered in the middle included), parameters prepared once per block.

@@ -22,7 +22,8 @@ namespace kvq::ops {
 // `kvq-llamacpp-harness vecdot`: one thread, thread CPU time, a 576 x 1536
 // matrix resident in L2 so compute, not DRAM, sets the pace; Gweights/s,
 // kvq f32-activation kernels vs ggml's native AVX-512 VNNI vec_dot; runs
-// vary by ~20%):
+// vary by 20-40% with the load on the sibling hyperthread, so compare
+// rows of one run):
 //   f16 14-15 vs 23, q8_0 11-12 vs 21-23, q4_0 10 vs 19, q4_1 8-9 vs 15-19,
 //   q5_0 8.8 vs 13-16, q5_1 8 vs 16, iq4_nl 4 vs 16-17, q2_K 9-10 vs 29-31,
 //   q3_K 3.8 vs 15, q4_K 7 vs 18, q5_K 6 vs 12-19, q6_K 6 vs 18-26.

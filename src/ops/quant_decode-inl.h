@@ -94,14 +94,14 @@ struct DecQ4_0 {
   static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
                                Sink&& sink) {
     const BlockQ4_0& b = BlockAt<BlockQ4_0>(row, blk);
-    // q * d - 8 d in one FMA: 8 d is exact, so this rounds d (q - 8) once,
-    // as the reference does (here exactly: 11 + 5 significant bits).
-    const VF d = hn::Set(df, p.d), d8 = hn::Set(df, 8.0f * p.d);
+    // (q - 8) * d, as the reference: exact, and -0 where q = 8 and d < 0
+    // (q * d - 8 d would give +0 there).
+    const VF d = hn::Set(df, p.d), eight = hn::Set(df, 8.0f);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       const VU q = Bytes(b.qs + j);
-      sink(j, hn::MulSub(ToF(Low4(q)), d, d8));
-      sink(j + 16, hn::MulSub(ToF(High4(q)), d, d8));
+      sink(j, hn::Mul(hn::Sub(ToF(Low4(q)), eight), d));
+      sink(j + 16, hn::Mul(hn::Sub(ToF(High4(q)), eight), d));
     }
   }
 };
@@ -155,13 +155,13 @@ struct DecQ5_0 {
   static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
                                Sink&& sink) {
     const BlockQ5_0& b = BlockAt<BlockQ5_0>(row, blk);
-    const VF d = hn::Set(df, p.d), d16 = hn::Set(df, 16.0f * p.d);  // as Q4_0
+    const VF d = hn::Set(df, p.d), sixteen = hn::Set(df, 16.0f);  // as Q4_0
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       VU lo, hi;
       Q5Pair(b, j, &lo, &hi);
-      sink(j, hn::MulSub(ToF(lo), d, d16));
-      sink(j + 16, hn::MulSub(ToF(hi), d, d16));
+      sink(j, hn::Mul(hn::Sub(ToF(lo), sixteen), d));
+      sink(j + 16, hn::Mul(hn::Sub(ToF(hi), sixteen), d));
     }
   }
 };
@@ -257,7 +257,7 @@ struct DecQ3_K {
     Params p;
     for (int i = 0; i < 16; ++i) {
       p.mul[i] = d * static_cast<float>(Q3KScale(b.scales, i));
-      p.sub[i] = 4.0f * p.mul[i];  // exact
+      p.sub[i] = 0.0f;
     }
     return p;
   }
@@ -272,9 +272,10 @@ struct DecQ3_K {
       const VU low =
           hn::And(hn::ShiftRightSame(Bytes(b.qs + h * 32 + l), 2 * pl), hn::Set(DU(), 3));
       const VU high = hn::And(hn::ShiftRightSame(Bytes(b.hmask + l), h * 4 + pl), hn::Set(DU(), 1));
-      // (low + 4 high) * dl - 4 dl = dl * (q - 4), one rounding (as Q4_0).
-      const VF q = ToF(hn::Or(low, hn::ShiftLeft<2>(high)));
-      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, p.sub[i])));
+      // low + 4 high - 4: the 3-bit value minus 4, exact in f32; then times
+      // dl, as the reference (keeps its -0 for a zero value and dl < 0).
+      const VF q = hn::Sub(ToF(hn::Or(low, hn::ShiftLeft<2>(high))), hn::Set(df, 4.0f));
+      sink(l, hn::Mul(hn::Set(df, p.mul[i]), q));
     }
   }
 };
@@ -326,7 +327,7 @@ struct DecQ6_K {
     Params p;
     for (int i = 0; i < 16; ++i) {
       p.mul[i] = d * static_cast<float>(b.scales[i]);
-      p.sub[i] = 32.0f * p.mul[i];  // exact
+      p.sub[i] = 0.0f;
     }
     return p;
   }
@@ -347,10 +348,10 @@ struct DecQ6_K {
       const VU h = Bytes(qh + l);
       const VU hi = hn::And(pl < 3 ? hn::ShiftLeftSame(h, 4 - 2 * pl) : hn::ShiftRight<2>(h),
                             hn::Set(DU(), 0x30));
-      // q * ds - 32 ds: 32 ds is exact, so the FMA rounds ds * (q - 32)
-      // once, which is the reference's one rounding of (d * sc) * (q - 32).
-      const VF q = ToF(hn::Or(lo, hi));
-      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, p.sub[i])));
+      // ds * (q - 32), the reference's one rounding of (d * sc) * (q - 32)
+      // (an FMA q * ds - 32 ds would round the same but give +0 for -0).
+      const VF q = hn::Sub(ToF(hn::Or(lo, hi)), hn::Set(df, 32.0f));
+      sink(l, hn::Mul(hn::Set(df, p.mul[i]), q));
     }
   }
 };

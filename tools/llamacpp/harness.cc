@@ -15,6 +15,11 @@
 //       to_float (its type traits) and writes: magic "KVQDEQNT", uint32
 //       n_requests, then per request uint32 ggml type, int64 cols, and
 //       ROWS*cols little-endian f32.
+//   harness quantize TYPE_ID ROWS COLS OUT.bin
+//       quantizes random values with ggml's own quantizer (ggml type id) and
+//       writes "KVQQUANT", int64 row bytes, the ROWS rows of blocks, then
+//       their ROWS*COLS f32 values decoded by ggml's to_float: a test of
+//       every type, including those no shipped model uses.
 //   harness vecdot [ROWS COLS]
 //       ggml's CPU matrix-vector speed per weight type on a random matrix
 //       (default 576 x 1536) small enough to stay in L2: x quantized to the
@@ -22,6 +27,7 @@
 //       of 200, thread CPU time, one thread. Compared with kvq's MatvecL2
 //       rows of bench/ops_bench.cc (see ops/matvec.h).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +52,7 @@ int Usage() {
                "usage: harness load MODEL.gguf\n"
                "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
                "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n"
+               "       harness quantize TYPE_ID ROWS COLS OUT.bin\n"
                "       harness vecdot [ROWS COLS]\n");
   return 2;
 }
@@ -225,6 +232,43 @@ int Dequant(int argc, char** argv) {
   return std::fclose(f) == 0 ? 0 : 1;
 }
 
+int Quantize(int argc, char** argv) {
+  if (argc != 6) return Usage();
+  const int type_id = std::atoi(argv[2]);
+  const int64_t rows = std::atoll(argv[3]), cols = std::atoll(argv[4]);
+  if (type_id < 0 || type_id >= GGML_TYPE_COUNT || rows <= 0 || cols <= 0) return Usage();
+  const auto type = static_cast<ggml_type>(type_id);
+  const ggml_type_traits* traits = ggml_get_type_traits(type);
+  if (traits->to_float == nullptr || cols % ggml_blck_size(type) != 0) {
+    std::fprintf(stderr, "harness: cannot quantize %s rows of %lld\n", ggml_type_name(type),
+                 static_cast<long long>(cols));
+    return 1;
+  }
+  // Values of varied magnitude per row, some rows with a large outlier.
+  std::mt19937 rng(static_cast<uint32_t>(type_id));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(r % 13) - 8);
+    for (int64_t c = 0; c < cols; ++c) values[r * cols + c] = scale * dist(rng);
+    if (r % 3 == 0) values[r * cols + (r * 7) % cols] = 40.0f * scale;
+  }
+  const int64_t row_bytes = static_cast<int64_t>(ggml_row_size(type, cols));
+  std::vector<uint8_t> blocks(static_cast<size_t>(rows * row_bytes));
+  ggml_quantize_chunk(type, values.data(), blocks.data(), 0, rows, cols, nullptr);
+  std::vector<float> decoded(values.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    traits->to_float(blocks.data() + r * row_bytes, decoded.data() + r * cols, cols);
+  }
+  FILE* f = std::fopen(argv[5], "wb");
+  if (f == nullptr) return 1;
+  std::fwrite("KVQQUANT", 1, 8, f);
+  std::fwrite(&row_bytes, sizeof(row_bytes), 1, f);
+  std::fwrite(blocks.data(), 1, blocks.size(), f);
+  std::fwrite(decoded.data(), sizeof(float), decoded.size(), f);
+  return std::fclose(f) == 0 ? 0 : 1;
+}
+
 double ThreadCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -289,6 +333,8 @@ int main(int argc, char** argv) {
     rc = Logits(argc, argv);
   } else if (std::strcmp(argv[1], "dequant") == 0) {
     rc = Dequant(argc, argv);
+  } else if (std::strcmp(argv[1], "quantize") == 0) {
+    rc = Quantize(argc, argv);
   } else if (std::strcmp(argv[1], "vecdot") == 0) {
     rc = VecDot(argc, argv);
   } else {

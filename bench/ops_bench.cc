@@ -140,6 +140,31 @@ void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   state.counters["vs_probe"] = probe_seconds / matvec_seconds;
 }
 
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Compute speed of the decode kernel alone: one thread, one matrix small
+// enough to stay in L2, thread CPU time (steady on a shared machine).
+// Gweights_cpu is directly comparable with `kvq-llamacpp-harness vecdot`
+// (ggml's vec_dot on the same shape; see ops/matvec.h).
+void BM_MatvecL2(benchmark::State& state, WeightType type, int64_t rows, int64_t cols) {
+  RotatingWeights w(type, rows, cols, 0);
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  double cpu = 0.0;
+  for (auto _ : state) {
+    const double c0 = ThreadCpuSeconds();
+    Matvec(w.view(0), x.data(), y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+    cpu += ThreadCpuSeconds() - c0;
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["Gweights_cpu"] = n * static_cast<double>(rows * cols) / 1e9 / cpu;
+  state.counters["GBps_cpu"] = n * static_cast<double>(rows * RowBytes(type, cols)) / 1e9 / cpu;
+}
+
 enum class MatmulImpl { kMatmul, kSgemm, kTiles, kPacked };
 
 const char* MatmulImplName(MatmulImpl impl) {
@@ -255,6 +280,14 @@ void RegisterAll() {
                                     WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ2_K,
                                     WeightType::kQ3_K, WeightType::kQ4_K,   WeightType::kQ5_K,
                                     WeightType::kQ6_K};
+  for (WeightType t : types) {
+    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536);
+  }
+  for (WeightType t : block_types) {
+    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536);
+  }
   const Shape real_shapes[] = {{576, 1536}, {1536, 576}, {896, 4864}, {4864, 896}};
   for (const Shape& s : real_shapes) {
     for (WeightType t : block_types) {

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "base/fp16.h"
 #include "hwy/highway.h"
@@ -93,14 +94,14 @@ struct DecQ4_0 {
   static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
                                Sink&& sink) {
     const BlockQ4_0& b = BlockAt<BlockQ4_0>(row, blk);
-    // q * d - 8 d in one FMA: 8 d is exact, so this rounds d (q - 8) once,
-    // as the reference does (here exactly: 11 + 5 significant bits).
-    const VF d = hn::Set(df, p.d), d8 = hn::Set(df, 8.0f * p.d);
+    // (q - 8) * d, as the reference: exact, and -0 where q = 8 and d < 0
+    // (q * d - 8 d would give +0 there).
+    const VF d = hn::Set(df, p.d), eight = hn::Set(df, 8.0f);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       const VU q = Bytes(b.qs + j);
-      sink(j, hn::MulSub(ToF(Low4(q)), d, d8));
-      sink(j + 16, hn::MulSub(ToF(High4(q)), d, d8));
+      sink(j, hn::Mul(hn::Sub(ToF(Low4(q)), eight), d));
+      sink(j + 16, hn::Mul(hn::Sub(ToF(High4(q)), eight), d));
     }
   }
 };
@@ -126,19 +127,22 @@ struct DecQ4_1 {
   }
 };
 
-// 5-bit values j ... j + N and j + 16 ... of a Q5 block, as u32 lanes.
+// 5-bit values j ... j + N and j + 16 ... of a Q5 block, as u32 lanes. The
+// fifth bits come as a lane mask straight from qh (a mask register load on
+// AVX-512) and set bit 4 where present.
 template <class Block>
 HWY_INLINE void Q5Pair(const Block& b, int64_t j, VU* lo, VU* hi) {
   const DU du;
   uint32_t qh;
   std::memcpy(&qh, b.qh, 4);
-  const VU lane = hn::Iota(du, 0);
-  const VU one = hn::Set(du, 1);
+  const uint64_t bits_lo = qh >> j, bits_hi = qh >> (j + 16);  // bit i = lane i
+  const auto m_lo = hn::LoadMaskBits(du, reinterpret_cast<const uint8_t*>(&bits_lo));
+  const auto m_hi = hn::LoadMaskBits(du, reinterpret_cast<const uint8_t*>(&bits_hi));
+  const VU sixteen = hn::Set(du, 16);
   const VU q = Bytes(b.qs + j);
-  const VU h0 = hn::And(hn::Set(du, qh >> j) >> lane, one);
-  const VU h1 = hn::And(hn::Set(du, qh >> (j + 16)) >> lane, one);
-  *lo = hn::Or(Low4(q), hn::ShiftLeft<4>(h0));
-  *hi = hn::Or(High4(q), hn::ShiftLeft<4>(h1));
+  const VU q_lo = Low4(q), q_hi = High4(q);
+  *lo = hn::IfThenElse(m_lo, hn::Or(q_lo, sixteen), q_lo);
+  *hi = hn::IfThenElse(m_hi, hn::Or(q_hi, sixteen), q_hi);
 }
 
 struct DecQ5_0 {
@@ -151,13 +155,13 @@ struct DecQ5_0 {
   static HWY_INLINE void Group(DF df, const uint8_t* row, int64_t blk, int /*s*/, const Params& p,
                                Sink&& sink) {
     const BlockQ5_0& b = BlockAt<BlockQ5_0>(row, blk);
-    const VF d = hn::Set(df, p.d), d16 = hn::Set(df, 16.0f * p.d);  // as Q4_0
+    const VF d = hn::Set(df, p.d), sixteen = hn::Set(df, 16.0f);  // as Q4_0
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
     for (int64_t j = 0; j < 16; j += n) {
       VU lo, hi;
       Q5Pair(b, j, &lo, &hi);
-      sink(j, hn::MulSub(ToF(lo), d, d16));
-      sink(j + 16, hn::MulSub(ToF(hi), d, d16));
+      sink(j, hn::Mul(hn::Sub(ToF(lo), sixteen), d));
+      sink(j + 16, hn::Mul(hn::Sub(ToF(hi), sixteen), d));
     }
   }
 };
@@ -268,9 +272,10 @@ struct DecQ3_K {
       const VU low =
           hn::And(hn::ShiftRightSame(Bytes(b.qs + h * 32 + l), 2 * pl), hn::Set(DU(), 3));
       const VU high = hn::And(hn::ShiftRightSame(Bytes(b.hmask + l), h * 4 + pl), hn::Set(DU(), 1));
-      // (low + 4 high) * dl - 4 dl = dl * (q - 4), one rounding (as Q4_0).
-      const VF q = ToF(hn::Or(low, hn::ShiftLeft<2>(high)));
-      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, 4.0f * p.mul[i])));
+      // low + 4 high - 4: the 3-bit value minus 4, exact in f32; then times
+      // dl, as the reference (keeps its -0 for a zero value and dl < 0).
+      const VF q = hn::Sub(ToF(hn::Or(low, hn::ShiftLeft<2>(high))), hn::Set(df, 4.0f));
+      sink(l, hn::Mul(hn::Set(df, p.mul[i]), q));
     }
   }
 };
@@ -339,14 +344,28 @@ struct DecQ6_K {
       const int i = 2 * s + static_cast<int>(l / 16);
       const VU raw = Bytes(ql + l);
       const VU lo = pl < 2 ? Low4(raw) : High4(raw);
-      const VU hi = hn::And(hn::ShiftRightSame(Bytes(qh + l), 2 * pl), hn::Set(DU(), 3));
-      // q * ds - 32 ds: 32 ds is exact, so the FMA rounds ds * (q - 32)
-      // once, which is the reference's one rounding of (d * sc) * (q - 32).
-      const VF q = ToF(hn::Or(lo, hn::ShiftLeft<4>(hi)));
-      sink(l, hn::MulSub(q, hn::Set(df, p.mul[i]), hn::Set(df, 32.0f * p.mul[i])));
+      // Bits 2pl, 2pl + 1 of qh moved straight to bits 4, 5.
+      const VU h = Bytes(qh + l);
+      const VU hi = hn::And(pl < 3 ? hn::ShiftLeftSame(h, 4 - 2 * pl) : hn::ShiftRight<2>(h),
+                            hn::Set(DU(), 0x30));
+      // ds * (q - 32), the reference's one rounding of (d * sc) * (q - 32)
+      // (an FMA q * ds - 32 ds would round the same but give +0 for -0).
+      const VF q = hn::Sub(ToF(hn::Or(lo, hi)), hn::Set(df, 32.0f));
+      sink(l, hn::Mul(hn::Set(df, p.mul[i]), q));
     }
   }
 };
+
+// f(0), f(1) ... f(kCount - 1) as straight-line code, so a decoder inlined
+// into f sees its group index as a constant.
+template <int kCount, class F, int... kS>
+HWY_INLINE void ForEachGroupImpl(F&& f, std::integer_sequence<int, kS...>) {
+  (f(kS), ...);
+}
+template <int kCount, class F>
+HWY_INLINE void ForEachGroup(F&& f) {
+  ForEachGroupImpl<kCount>(f, std::make_integer_sequence<int, kCount>());
+}
 
 // Groups [g0, g0 + count) of one row (any start, K-quant super-blocks
 // entered in the middle included), parameters prepared once per block.

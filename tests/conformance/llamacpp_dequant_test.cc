@@ -2,7 +2,8 @@
 // with ggml's own dequantization (its type traits' to_float, through the
 // harness's `dequant` command), on the real model files in .deps/models:
 // for every weight type a file uses, a few rows (first, middle, last) of up
-// to two of its tensors.
+// to two of its tensors. And every block type kvq reads, including those no
+// shipped model uses, on blocks made by ggml's own quantizer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "io/gguf.h"
 #include "model/transformer.h"
+#include "ops/matvec.h"
 #include "ops/weights.h"
 
 namespace kvq {
@@ -121,6 +123,49 @@ TEST(LlamaCppDequant, ReferenceDecodeIsBitExactOnRealModels) {
   for (const fs::path& m : models) {
     SCOPED_TRACE(m.string());
     CompareFile(m);
+  }
+}
+
+// ggml quantizes random rows (varied scales, outliers) with its own
+// quantizer; kvq's reference and fast row decoders must reproduce ggml's
+// to_float bit for bit on those blocks.
+TEST(LlamaCppDequant, EveryBlockTypeOnGgmlQuantizedBlocks) {
+  const struct {
+    uint32_t ggml;
+    ops::WeightType type;
+  } kTypes[] = {
+      {8, ops::WeightType::kQ8_0},  {2, ops::WeightType::kQ4_0},  {3, ops::WeightType::kQ4_1},
+      {6, ops::WeightType::kQ5_0},  {7, ops::WeightType::kQ5_1},  {20, ops::WeightType::kIQ4_NL},
+      {10, ops::WeightType::kQ2_K}, {11, ops::WeightType::kQ3_K}, {12, ops::WeightType::kQ4_K},
+      {13, ops::WeightType::kQ5_K}, {14, ops::WeightType::kQ6_K}};
+  const int64_t rows = 26, cols = 768;
+  for (const auto& t : kTypes) {
+    const std::string out = std::string(KVQ_BINARY_DIR) + "/quantize_" + std::to_string(t.ggml);
+    const std::string cmd = std::string(KVQ_LLAMACPP_HARNESS) + " quantize " +
+                            std::to_string(t.ggml) + " " + std::to_string(rows) + " " +
+                            std::to_string(cols) + " '" + out + ".bin' 2>" + out + ".log";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(out + ".bin", std::ios::binary);
+    char magic[8];
+    int64_t row_bytes = 0;
+    in.read(magic, 8);
+    in.read(reinterpret_cast<char*>(&row_bytes), 8);
+    ASSERT_TRUE(in && std::memcmp(magic, "KVQQUANT", 8) == 0);
+    ASSERT_EQ(row_bytes, ops::RowBytes(t.type, cols)) << ops::WeightTypeName(t.type);
+    std::vector<uint8_t> blocks(static_cast<size_t>(rows * row_bytes));
+    std::vector<float> ggml(static_cast<size_t>(rows * cols));
+    in.read(reinterpret_cast<char*>(blocks.data()), static_cast<std::streamsize>(blocks.size()));
+    in.read(reinterpret_cast<char*>(ggml.data()), static_cast<std::streamsize>(ggml.size() * 4));
+    ASSERT_TRUE(in) << "short harness output " << out;
+    const ops::WeightView view{t.type, rows, cols, blocks.data()};
+    std::vector<float> ref(ggml.size()), fast(ggml.size());
+    for (int64_t r = 0; r < rows; ++r) ops::DequantizeRowRef(view, r, ref.data() + r * cols);
+    ops::DequantizeRows(view, 0, rows, fast.data());
+    EXPECT_EQ(std::memcmp(ref.data(), ggml.data(), ggml.size() * 4), 0)
+        << ops::WeightTypeName(t.type) << ": DequantizeRowRef differs from ggml";
+    EXPECT_EQ(std::memcmp(fast.data(), ggml.data(), ggml.size() * 4), 0)
+        << ops::WeightTypeName(t.type) << ": DequantizeRows differs from ggml";
+    fs::remove(out + ".bin");
   }
 }
 

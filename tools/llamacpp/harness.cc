@@ -19,13 +19,28 @@
 //       to_float (its type traits) and writes: magic "KVQDEQNT", uint32
 //       n_requests, then per request uint32 ggml type, int64 cols, and
 //       ROWS*cols little-endian f32.
+//   harness quantize TYPE_ID ROWS COLS OUT.bin
+//       quantizes random values with ggml's own quantizer (ggml type id) and
+//       writes "KVQQUANT", int64 row bytes, the ROWS rows of blocks, then
+//       their ROWS*COLS f32 values decoded by ggml's to_float: a test of
+//       every type, including those no shipped model uses.
+//   harness vecdot [ROWS COLS]
+//       ggml's CPU matrix-vector speed per weight type on a random matrix
+//       (default 576 x 1536) small enough to stay in L2: x quantized to the
+//       type's vec_dot_type once, then one vec_dot per row; best of 7 runs
+//       of 200, thread CPU time, one thread. Compared with kvq's MatvecL2
+//       rows of bench/ops_bench.cc (see ops/matvec.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "ggml-cpu.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
@@ -41,7 +56,9 @@ int Usage() {
                "usage: harness load MODEL.gguf\n"
                "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
                "       harness greedy MODEL.gguf N [--threads N] TOKEN...\n"
-               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n");
+               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n"
+               "       harness quantize TYPE_ID ROWS COLS OUT.bin\n"
+               "       harness vecdot [ROWS COLS]\n");
   return 2;
 }
 
@@ -298,10 +315,98 @@ int Dequant(int argc, char** argv) {
   return std::fclose(f) == 0 ? 0 : 1;
 }
 
+int Quantize(int argc, char** argv) {
+  if (argc != 6) return Usage();
+  const int type_id = std::atoi(argv[2]);
+  const int64_t rows = std::atoll(argv[3]), cols = std::atoll(argv[4]);
+  if (type_id < 0 || type_id >= GGML_TYPE_COUNT || rows <= 0 || cols <= 0) return Usage();
+  const auto type = static_cast<ggml_type>(type_id);
+  const ggml_type_traits* traits = ggml_get_type_traits(type);
+  if (traits->to_float == nullptr || cols % ggml_blck_size(type) != 0) {
+    std::fprintf(stderr, "harness: cannot quantize %s rows of %lld\n", ggml_type_name(type),
+                 static_cast<long long>(cols));
+    return 1;
+  }
+  // Values of varied magnitude per row, some rows with a large outlier.
+  std::mt19937 rng(static_cast<uint32_t>(type_id));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(r % 13) - 8);
+    for (int64_t c = 0; c < cols; ++c) values[r * cols + c] = scale * dist(rng);
+    if (r % 3 == 0) values[r * cols + (r * 7) % cols] = 40.0f * scale;
+  }
+  const int64_t row_bytes = static_cast<int64_t>(ggml_row_size(type, cols));
+  std::vector<uint8_t> blocks(static_cast<size_t>(rows * row_bytes));
+  ggml_quantize_chunk(type, values.data(), blocks.data(), 0, rows, cols, nullptr);
+  std::vector<float> decoded(values.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    traits->to_float(blocks.data() + r * row_bytes, decoded.data() + r * cols, cols);
+  }
+  FILE* f = std::fopen(argv[5], "wb");
+  if (f == nullptr) return 1;
+  std::fwrite("KVQQUANT", 1, 8, f);
+  std::fwrite(&row_bytes, sizeof(row_bytes), 1, f);
+  std::fwrite(blocks.data(), 1, blocks.size(), f);
+  std::fwrite(decoded.data(), sizeof(float), decoded.size(), f);
+  return std::fclose(f) == 0 ? 0 : 1;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+int VecDot(int argc, char** argv) {
+  const int64_t rows = argc >= 4 ? std::atoll(argv[2]) : 576;
+  const int64_t cols = argc >= 4 ? std::atoll(argv[3]) : 1536;
+  if (rows <= 0 || cols <= 0 || cols % 256 != 0) return Usage();
+  ggml_cpu_init();
+  const ggml_type types[] = {GGML_TYPE_F16,  GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,
+                             GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_IQ4_NL, GGML_TYPE_Q2_K,
+                             GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,   GGML_TYPE_Q6_K};
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  std::vector<float> wf(static_cast<size_t>(rows * cols));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-0.05f, 0.05f);
+  for (float& v : wf) v = dist(rng);
+  for (ggml_type t : types) {
+    const size_t row_bytes = ggml_row_size(t, cols);
+    std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows));
+    ggml_quantize_chunk(t, wf.data(), w.data(), 0, rows, cols, nullptr);
+    const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
+    const ggml_type xt = traits->vec_dot_type;
+    std::vector<uint8_t> xq(ggml_row_size(xt, cols));
+    const auto run = [&] {
+      const void* xp = x.data();
+      if (xt != GGML_TYPE_F32) {
+        ggml_get_type_traits_cpu(xt)->from_float(x.data(), xq.data(), cols);
+        xp = xq.data();
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        traits->vec_dot(static_cast<int>(cols), &y[r], 0, w.data() + r * row_bytes, 0, xp, 0, 1);
+      }
+    };
+    for (int i = 0; i < 50; ++i) run();
+    double best = 1e30;
+    for (int rep = 0; rep < 7; ++rep) {
+      const double t0 = ThreadCpuSeconds();
+      for (int i = 0; i < 200; ++i) run();
+      best = std::min(best, (ThreadCpuSeconds() - t0) / 200);
+    }
+    std::printf("vecdot %s x %s %lldx%lld: %.2f Gweights/s %.2f GB/s\n", ggml_type_name(t),
+                ggml_type_name(xt), static_cast<long long>(rows), static_cast<long long>(cols),
+                static_cast<double>(rows * cols) / best / 1e9,
+                static_cast<double>(w.size()) / best / 1e9);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) return Usage();
+  if (argc < 2 || (argc < 3 && std::strcmp(argv[1], "vecdot") != 0)) return Usage();
   llama_log_set(QuietLog, nullptr);
   llama_backend_init();
   int rc;
@@ -313,6 +418,10 @@ int main(int argc, char** argv) {
     rc = Greedy(argc, argv);
   } else if (std::strcmp(argv[1], "dequant") == 0) {
     rc = Dequant(argc, argv);
+  } else if (std::strcmp(argv[1], "quantize") == 0) {
+    rc = Quantize(argc, argv);
+  } else if (std::strcmp(argv[1], "vecdot") == 0) {
+    rc = VecDot(argc, argv);
   } else {
     rc = Usage();
   }

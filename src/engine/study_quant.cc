@@ -49,23 +49,39 @@ struct Sums {
   }
 };
 
+// A per-token choice ignores the group, so it is normalized to 0 there:
+// rows that differ only in an unused group share one pass.
 struct KChoice {
   QuantAxis axis;
   QuantFormula formula;
   bool pre_rope;
   int bits;
+  int64_t group;
   bool operator==(const KChoice& o) const {
-    return axis == o.axis && formula == o.formula && pre_rope == o.pre_rope && bits == o.bits;
+    return axis == o.axis && formula == o.formula && pre_rope == o.pre_rope && bits == o.bits &&
+           group == o.group;
   }
 };
 struct VChoice {
   QuantAxis axis;
   QuantFormula formula;
   int bits;
+  int64_t group;
   bool operator==(const VChoice& o) const {
-    return axis == o.axis && formula == o.formula && bits == o.bits;
+    return axis == o.axis && formula == o.formula && bits == o.bits && group == o.group;
   }
 };
+
+// The group along the quantized axis: channels for per-token, tokens for per-channel.
+int64_t GroupFor(QuantAxis axis, const FakeQuantRow& r) {
+  return axis == QuantAxis::kToken ? r.channel_group : r.token_group;
+}
+
+QuantSpec SpecFor(QuantAxis axis, int bits, QuantFormula formula, int64_t group) {
+  QuantSpec spec{axis, bits, formula, 32, 0};
+  (axis == QuantAxis::kToken ? spec.channel_group : spec.token_group) = group;
+  return spec;
+}
 
 template <typename T>
 size_t IndexOf(std::vector<T>& list, const T& item) {
@@ -79,6 +95,17 @@ size_t IndexOf(std::vector<T>& list, const T& item) {
 
 const char* QuantAxisName(QuantAxis axis) {
   return axis == QuantAxis::kToken ? "token" : "channel";
+}
+
+const char* FakeQuantFamilyName(FakeQuantFamily family) {
+  switch (family) {
+    case FakeQuantFamily::kWriteup:
+      return "writeup";
+    case FakeQuantFamily::kKvQuant:
+      return "kvquant";
+    default:
+      return "corrected";
+  }
 }
 
 void FakeQuantGroup(const float* x, int64_t n, int64_t stride, int bits, QuantFormula formula,
@@ -120,13 +147,17 @@ void FakeQuantGroup(const float* x, int64_t n, int64_t stride, int bits, QuantFo
 void FakeQuantize(const float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                   const QuantSpec& spec, float* out) {
   if (spec.axis == QuantAxis::kToken) {
+    const int64_t width = spec.channel_group > 0 ? spec.channel_group : head_dim;
     for (int64_t r = 0; r < tokens * heads; ++r) {
-      FakeQuantGroup(x + r * head_dim, head_dim, 1, spec.bits, spec.formula, out + r * head_dim);
+      for (int64_t c0 = 0; c0 < head_dim; c0 += width) {
+        FakeQuantGroup(x + r * head_dim + c0, std::min(width, head_dim - c0), 1, spec.bits,
+                       spec.formula, out + r * head_dim + c0);
+      }
     }
     return;
   }
   const int64_t stride = heads * head_dim;
-  const int64_t group = std::max<int64_t>(1, spec.token_group);
+  const int64_t group = spec.token_group > 0 ? spec.token_group : std::max<int64_t>(tokens, 1);
   for (int64_t t0 = 0; t0 < tokens; t0 += group) {
     const int64_t n = std::min(group, tokens - t0);
     for (int64_t c = 0; c < stride; ++c) {
@@ -167,28 +198,36 @@ void CausalOutput(const float* probs, const float* v, int64_t tokens, int64_t he
   }
 }
 
-std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits) {
+std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits, int64_t kivi_group) {
   std::vector<FakeQuantRow> rows;
+  const auto tok = QuantAxis::kToken, ch = QuantAxis::kChannel;
+  // The write-up's groupings, in its order (kWriteupGroupings).
+  const QuantAxis axes[4][2] = {{tok, tok}, {ch, ch}, {ch, tok}, {tok, ch}};
   for (int b : bits) {
-    auto add = [&](std::string name, QuantAxis k, QuantAxis v, QuantFormula f, bool pre) {
+    auto add = [&](std::string name, FakeQuantFamily family, QuantAxis k, QuantAxis v,
+                   QuantFormula f, bool pre, int64_t group) {
       FakeQuantRow row;
       row.name = std::move(name);
+      row.family = family;
       row.k_axis = k;
       row.v_axis = v;
       row.formula = f;
       row.k_pre_rope = pre;
       row.bits = b;
+      row.token_group = group;
+      row.channel_group = family == FakeQuantFamily::kWriteup ? 0 : group;
       rows.push_back(std::move(row));
     };
-    const auto tok = QuantAxis::kToken, ch = QuantAxis::kChannel;
-    const auto asym = QuantFormula::kAsymmetric, lit = QuantFormula::kLiteralWriteup;
-    add("K,V per-token", tok, tok, asym, false);
-    add("K,V per-channel", ch, ch, asym, false);
-    add("K per-channel, V per-token (KIVI)", ch, tok, asym, false);
-    add("K per-token, V per-channel", tok, ch, asym, false);
-    add("K per-channel pre-RoPE, V per-token (KVQuant-style)", ch, tok, asym, true);
-    add("LITERAL write-up formula (2^(b+1) levels): K,V per-token", tok, tok, lit, false);
-    add("LITERAL write-up formula (2^(b+1) levels): K,V per-channel", ch, ch, lit, false);
+    for (int g = 0; g < 4; ++g) {
+      add(std::string(kWriteupPrefix) + kWriteupGroupings[g], FakeQuantFamily::kWriteup, axes[g][0],
+          axes[g][1], QuantFormula::kLiteralWriteup, false, 0);
+    }
+    for (int g = 0; g < 4; ++g) {
+      add(std::string(kCorrectedPrefix) + kWriteupGroupings[g], FakeQuantFamily::kCorrected,
+          axes[g][0], axes[g][1], QuantFormula::kAsymmetric, false, kivi_group);
+    }
+    add("K per-channel pre-RoPE, V per-token (KVQuant-style)", FakeQuantFamily::kKvQuant, ch, tok,
+        QuantFormula::kAsymmetric, true, kivi_group);
   }
   return rows;
 }
@@ -209,8 +248,13 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
     if (r.k_pre_rope && !options.rope) {
       return Status::Error("fake quant: a pre-RoPE row needs the model's RoPE");
     }
-    row_k.push_back(IndexOf(k_choices, KChoice{r.k_axis, r.formula, r.k_pre_rope, r.bits}));
-    row_v.push_back(IndexOf(v_choices, VChoice{r.v_axis, r.formula, r.bits}));
+    if (r.token_group < 0 || r.channel_group < 0) {
+      return Status::Error("fake quant: groups must be >= 0");
+    }
+    row_k.push_back(IndexOf(
+        k_choices, KChoice{r.k_axis, r.formula, r.k_pre_rope, r.bits, GroupFor(r.k_axis, r)}));
+    row_v.push_back(
+        IndexOf(v_choices, VChoice{r.v_axis, r.formula, r.bits, GroupFor(r.v_axis, r)}));
   }
   const int64_t kv_elems = T * s.num_kv_heads * d;
   const int64_t group = s.num_heads / s.num_kv_heads;
@@ -227,7 +271,7 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
     const LayerCapture& c = capture.layers[l];
     for (size_t i = 0; i < k_choices.size(); ++i) {
       const KChoice& kc = k_choices[i];
-      QuantSpec spec{kc.axis, kc.bits, kc.formula, options.token_group};
+      const QuantSpec spec = SpecFor(kc.axis, kc.bits, kc.formula, kc.group);
       k_q[i].resize(kv_elems);
       FakeQuantize(kc.pre_rope ? c.k_pre_rope.data() : c.k.data(), T, s.num_kv_heads, d, spec,
                    k_q[i].data());
@@ -235,7 +279,7 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
     }
     for (size_t i = 0; i < v_choices.size(); ++i) {
       const VChoice& vc = v_choices[i];
-      QuantSpec spec{vc.axis, vc.bits, vc.formula, options.token_group};
+      const QuantSpec spec = SpecFor(vc.axis, vc.bits, vc.formula, vc.group);
       v_q[i].resize(kv_elems);
       FakeQuantize(c.v.data(), T, s.num_kv_heads, d, spec, v_q[i].data());
     }

@@ -271,16 +271,17 @@ StudyChart FakeQuantOverall(const FakeQuantData& data) {
   spec["resolve"] = {{"scale", {{"x", "independent"}}}};
   return StudyChart{
       "fake-quant", "Fake quantization of the captured K/V: error by grouping and bit width",
-      "The captured K and V are quantized and dequantized with b-bit asymmetric min/max "
-      "quantizers (2^b levels), one scale and offset per token vector (per-token) or per channel "
-      "over the tokens (per-channel), and attention is recomputed. Three errors against the "
-      "unquantized attention, over all layers: the relative Frobenius error of the pre-softmax "
-      "scores (the metric of the write-up reproduced in SCHEMES.md; it depends on K only, so rows "
-      "with the same K grouping tie), the mean KL divergence of the attention probabilities, and "
-      "the relative error of the attention output, the only one that sees V. Shorter bars are "
-      "better; each panel has its own scale. The row marked as the literal formula uses "
-      "that write-up's quantizer as written, which has 2^(b+1) levels: its '2-bit' is really a "
-      "3-bit grid.",
+      "The captured K and V are quantized, dequantized and attention is recomputed. Rows "
+      "'as written' reproduce the write-up's fake_quant: its symmetric formula (2^(b+1) levels: "
+      "its '2-bit' is really a 3-bit grid), one scale per channel over the whole sequence or per "
+      "token vector. Rows 'corrected' use true b-bit asymmetric min/max quantizers (2^b levels) "
+      "with KIVI's groups (per channel over 32 tokens, per token over 32 channels); the KVQuant "
+      "row quantizes K before RoPE. Three errors against the unquantized attention, over all "
+      "layers: the relative Frobenius error of the pre-softmax scores (the write-up's metric; it "
+      "depends on K only, so rows with the same K grouping tie), the mean KL divergence of the "
+      "attention probabilities, and the relative error of the attention output, the only one "
+      "that sees V. Shorter bars are better; each panel has its own scale. The table below says "
+      "which of the write-up's claims hold here, by how much.",
       std::move(spec)};
 }
 

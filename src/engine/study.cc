@@ -249,6 +249,7 @@ Status RunStructureStages(LoadedModel& model, const std::vector<int32_t>& tokens
   t0 = Clock::now();
   std::vector<FakeQuantRow> rows = StudyFakeQuantRows(o.fake_quant_bits, o.token_group);
   FakeQuantOptions fq;
+  fq.threads = o.threads;
   KVQ_ASSIGN_OR_RETURN(fq.rope, MakeRopeApplier(config));
   KVQ_RETURN_IF_ERROR(RunFakeQuant(
       capture, fq, &rows, [&](int64_t d, int64_t n) { report("fake_quant", "layer", d, n); }));

@@ -43,14 +43,18 @@ struct CellResult {
 };
 
 // Runs (or resumes) one cell; returns its tally over every recorded trial.
+// on_trials(n): n more trials of the cell are done (recorded ones first).
 StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cell& cell,
                              const NeedleOptions& o, const std::string& path,
-                             const std::function<void()>& on_trial) {
+                             const std::function<void(int64_t)>& on_trials) {
   KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
   std::set<int> done;
   for (const Json& r : log.records()) {
     if (r.contains("trial") && r["trial"].is_number_integer()) done.insert(r["trial"].get<int>());
   }
+  int64_t recorded = 0;
+  for (int t : done) recorded += t < o.trials ? 1 : 0;
+  if (recorded > 0 && on_trials) on_trials(recorded);
   std::vector<int> todo;
   std::vector<NeedlePrompt> prompts;
   for (int t = 0; t < o.trials; ++t) {
@@ -94,7 +98,7 @@ StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cel
                                     {"values", values},
                                     {"prompt_tokens", static_cast<int64_t>(p.tokens.size())},
                                     {"needle_position", p.needle_position}}));
-    if (on_trial) on_trial();
+    if (on_trials) on_trials(1);
   }
   KVQ_RETURN_IF_ERROR(runner.SetPrefix({}));
   CellResult r;
@@ -157,8 +161,8 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
     Json list = Json::array();
     for (const Cell& cell : run) {
       const std::string path = (fs::path(scheme_dir) / CellFile(cell)).string();
-      auto result = RunCell(model, runner, cell, o, path, [&] {
-        ++p.done;
+      auto result = RunCell(model, runner, cell, o, path, [&](int64_t n) {
+        p.done += n;
         if (progress) progress(p);
       });
       if (!result.ok()) {

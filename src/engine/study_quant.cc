@@ -40,6 +40,14 @@ double RowLse(const float* row, int64_t i) {
 struct Sums {
   double score_err = 0, score_ref = 0, kl = 0, out_err = 0, out_ref = 0;
   int64_t rows = 0;
+  void Add(const Sums& o) {
+    score_err += o.score_err;
+    score_ref += o.score_ref;
+    kl += o.kl;
+    out_err += o.out_err;
+    out_ref += o.out_ref;
+    rows += o.rows;
+  }
   FakeQuantMetrics Metrics() const {
     FakeQuantMetrics m;
     m.score_rel_error = score_ref > 0 ? std::sqrt(score_err / score_ref) : 0;
@@ -89,6 +97,86 @@ size_t IndexOf(std::vector<T>& list, const T& item) {
   if (it != list.end()) return static_cast<size_t>(it - list.begin());
   list.push_back(item);
   return list.size() - 1;
+}
+
+struct HeadBuffers {
+  HeadBuffers(int64_t T, int64_t d)
+      : qh(T * d),
+        kh(T * d),
+        vh(T * d),
+        s_ref(T * T),
+        p_ref(T * T),
+        s_hat(T * T),
+        o_ref(T * d),
+        o_hat(T * d),
+        lse_ref(T) {}
+  std::vector<float> qh, kh, vh;           // [T, d]
+  std::vector<float> s_ref, p_ref, s_hat;  // [T, T]
+  std::vector<float> o_ref, o_hat;         // [T, d]
+  std::vector<double> lse_ref;             // [T]
+};
+
+struct HeadPassInputs {
+  const LayerCapture& c;
+  const std::vector<std::vector<float>>& k_q;  // [k choices][T, kvh, d]
+  const std::vector<std::vector<float>>& v_q;  // [v choices][T, kvh, d]
+  const std::vector<size_t>& row_k;            // [rows] -> k choice
+  const std::vector<size_t>& row_v;            // [rows] -> v choice
+  const KvShape& s;
+  int64_t T;
+};
+
+// Every row's sums for query head h of one layer.
+std::vector<Sums> HeadPass(const HeadPassInputs& in, int64_t h, HeadBuffers& b) {
+  const KvShape& s = in.s;
+  const int64_t T = in.T, d = s.head_dim;
+  const int64_t g = h / (s.num_heads / s.num_kv_heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<Sums> sums(in.row_k.size());
+  ExtractHead(in.c.q.data(), T, s.num_heads, d, h, b.qh.data());
+  ExtractHead(in.c.k.data(), T, s.num_kv_heads, d, g, b.kh.data());
+  ExtractHead(in.c.v.data(), T, s.num_kv_heads, d, g, b.vh.data());
+  CausalScores(b.qh.data(), b.kh.data(), T, d, scale, b.s_ref.data());
+  double score_ref = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    b.lse_ref[i] = RowLse(b.s_ref.data() + i * T, i);
+    for (int64_t j = 0; j <= i; ++j) {
+      const double x = b.s_ref[i * T + j];
+      score_ref += x * x;
+      b.p_ref[i * T + j] = static_cast<float>(std::exp(x - b.lse_ref[i]));
+    }
+  }
+  CausalOutput(b.p_ref.data(), b.vh.data(), T, d, b.o_ref.data());
+  double out_ref = 0;
+  for (float x : b.o_ref) out_ref += static_cast<double>(x) * x;
+  for (size_t ki = 0; ki < in.k_q.size(); ++ki) {
+    ExtractHead(in.k_q[ki].data(), T, s.num_kv_heads, d, g, b.kh.data());
+    CausalScores(b.qh.data(), b.kh.data(), T, d, scale, b.s_hat.data());
+    double score_err = 0, kl = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      float* row = b.s_hat.data() + i * T;
+      const double lse = RowLse(row, i);
+      for (int64_t j = 0; j <= i; ++j) {
+        const double ref = b.s_ref[i * T + j], hat = row[j];
+        score_err += (hat - ref) * (hat - ref);
+        // KL from log-probabilities, so an underflowed p^ cannot blow up.
+        kl += b.p_ref[i * T + j] * ((ref - b.lse_ref[i]) - (hat - lse));
+        row[j] = static_cast<float>(std::exp(hat - lse));  // now P^
+      }
+    }
+    for (size_t r = 0; r < in.row_k.size(); ++r) {
+      if (in.row_k[r] != ki) continue;
+      ExtractHead(in.v_q[in.row_v[r]].data(), T, s.num_kv_heads, d, g, b.vh.data());
+      CausalOutput(b.s_hat.data(), b.vh.data(), T, d, b.o_hat.data());
+      double out_err = 0;
+      for (int64_t i = 0; i < T * d; ++i) {
+        const double e = static_cast<double>(b.o_hat[i]) - b.o_ref[i];
+        out_err += e * e;
+      }
+      sums[r] = Sums{score_err, score_ref, kl, out_err, out_ref, T};
+    }
+  }
+  return sums;
 }
 
 }  // namespace
@@ -257,16 +345,10 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
         IndexOf(v_choices, VChoice{r.v_axis, r.formula, r.bits, GroupFor(r.v_axis, r)}));
   }
   const int64_t kv_elems = T * s.num_kv_heads * d;
-  const int64_t group = s.num_heads / s.num_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<Sums> total(rows->size());
   std::vector<std::vector<Sums>> per_layer(rows->size(), std::vector<Sums>(s.num_layers));
-
   std::vector<std::vector<float>> k_q(k_choices.size()), v_q(v_choices.size());  // [T, kvh, d]
-  std::vector<float> qh(T * d), kh(T * d), vh(T * d);                            // [T, d]
-  std::vector<float> s_ref(T * T), p_ref(T * T), s_hat(T * T);                   // [T, T]
-  std::vector<float> o_ref(T * d), o_hat(T * d);                                 // [T, d]
-  std::vector<double> lse_ref(T);                                                // [T]
+  std::vector<std::vector<Sums>> head_sums(s.num_heads);  // [heads][rows], one layer
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const LayerCapture& c = capture.layers[l];
     for (size_t i = 0; i < k_choices.size(); ++i) {
@@ -283,58 +365,20 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
       v_q[i].resize(kv_elems);
       FakeQuantize(c.v.data(), T, s.num_kv_heads, d, spec, v_q[i].data());
     }
-    for (int64_t h = 0; h < s.num_heads; ++h) {
-      const int64_t g = h / group;
-      ExtractHead(c.q.data(), T, s.num_heads, d, h, qh.data());
-      ExtractHead(c.k.data(), T, s.num_kv_heads, d, g, kh.data());
-      ExtractHead(c.v.data(), T, s.num_kv_heads, d, g, vh.data());
-      CausalScores(qh.data(), kh.data(), T, d, scale, s_ref.data());
-      double score_ref = 0;
-      for (int64_t i = 0; i < T; ++i) {
-        lse_ref[i] = RowLse(s_ref.data() + i * T, i);
-        for (int64_t j = 0; j <= i; ++j) {
-          const double x = s_ref[i * T + j];
-          score_ref += x * x;
-          p_ref[i * T + j] = static_cast<float>(std::exp(x - lse_ref[i]));
-        }
+    const HeadPassInputs in{c, k_q, v_q, row_k, row_v, s, T};
+    // Heads in parallel, each into its own sums; they are added in head
+    // order below, so the result does not depend on the thread count.
+#pragma omp parallel num_threads(std::max(1, options.threads))
+    {
+      HeadBuffers buffers(T, d);
+#pragma omp for schedule(dynamic)
+      for (int64_t h = 0; h < s.num_heads; ++h) {
+        head_sums[h] = HeadPass(in, h, buffers);
       }
-      CausalOutput(p_ref.data(), vh.data(), T, d, o_ref.data());
-      double out_ref = 0;
-      for (float x : o_ref) out_ref += static_cast<double>(x) * x;
-
-      for (size_t ki = 0; ki < k_choices.size(); ++ki) {
-        ExtractHead(k_q[ki].data(), T, s.num_kv_heads, d, g, kh.data());
-        CausalScores(qh.data(), kh.data(), T, d, scale, s_hat.data());
-        double score_err = 0, kl = 0;
-        for (int64_t i = 0; i < T; ++i) {
-          float* row = s_hat.data() + i * T;
-          const double lse = RowLse(row, i);
-          for (int64_t j = 0; j <= i; ++j) {
-            const double ref = s_ref[i * T + j], hat = row[j];
-            score_err += (hat - ref) * (hat - ref);
-            // KL from log-probabilities, so an underflowed p^ cannot blow up.
-            kl += p_ref[i * T + j] * ((ref - lse_ref[i]) - (hat - lse));
-            row[j] = static_cast<float>(std::exp(hat - lse));  // now P^
-          }
-        }
-        for (size_t r = 0; r < rows->size(); ++r) {
-          if (row_k[r] != ki) continue;
-          ExtractHead(v_q[row_v[r]].data(), T, s.num_kv_heads, d, g, vh.data());
-          CausalOutput(s_hat.data(), vh.data(), T, d, o_hat.data());
-          double out_err = 0;
-          for (int64_t i = 0; i < T * d; ++i) {
-            const double e = static_cast<double>(o_hat[i]) - o_ref[i];
-            out_err += e * e;
-          }
-          for (Sums* sums : {&total[r], &per_layer[r][l]}) {
-            sums->score_err += score_err;
-            sums->score_ref += score_ref;
-            sums->kl += kl;
-            sums->out_err += out_err;
-            sums->out_ref += out_ref;
-            sums->rows += T;
-          }
-        }
+    }
+    for (int64_t h = 0; h < s.num_heads; ++h) {
+      for (size_t r = 0; r < rows->size(); ++r) {
+        for (Sums* sums : {&total[r], &per_layer[r][l]}) sums->Add(head_sums[h][r]);
       }
     }
     if (on_layer) on_layer(l + 1, s.num_layers);

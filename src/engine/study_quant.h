@@ -105,6 +105,7 @@ inline constexpr double kWriteupReported[4][2] = {
     {0.786, 0.401}, {0.623, 0.215}, {0.623, 0.215}, {0.786, 0.401}};
 
 struct FakeQuantOptions {
+  int threads = 1;  // query heads in parallel (the result does not depend on it)
   // The model's RoPE (MakeRopeApplier); needed only by k_pre_rope rows.
   RopeApplier rope;
 };

@@ -225,7 +225,8 @@ StatusOr<std::string> OutlierTable(const json& study) {
   }
   std::string out = "<div class=\"scroll\"><table>\n";
   out += Row({"layer", "KV head", "K outlier channels (pre-RoPE)", "consistency",
-              "k_proj bias norm", "sink mass (layer)"},
+              "K outlier channels (post-RoPE)", "V outlier channels", "k_proj bias norm",
+              "sink mass (layer)"},
              "th");
   for (size_t i = 0; i < layers->size(); ++i) {
     const std::string path = Index("outliers.layers", i);
@@ -236,6 +237,9 @@ StatusOr<std::string> OutlierTable(const json& study) {
                          ArrayMember(layer, "k_pre_rope_outlier_channels", path));
     KVQ_ASSIGN_OR_RETURN(const json* consistency,
                          ArrayMember(layer, "k_pre_rope_outlier_consistency", path));
+    KVQ_ASSIGN_OR_RETURN(const json* post,
+                         ArrayMember(layer, "k_post_rope_outlier_channels", path));
+    KVQ_ASSIGN_OR_RETURN(const json* v_channels, ArrayMember(layer, "v_outlier_channels", path));
     KVQ_ASSIGN_OR_RETURN(std::optional<double> sink, NumberMember(layer, "sink_mass", path));
     KVQ_ASSIGN_OR_RETURN(const json* absmax,
                          ArrayMember(layer, "k_pre_rope_channel_mean_abs", path));
@@ -256,19 +260,22 @@ StatusOr<std::string> OutlierTable(const json& study) {
         KVQ_ASSIGN_OR_RETURN(bias, AsNumber((*bias_norms)[layer_slot][h],
                                             Index(Index("model.k_bias_norms", layer_slot), h)));
       }
-      const std::string channel_cell = channels != nullptr && h < channels->size()
-                                           ? ChannelList((*channels)[h])
-                                           : std::string(kMissing);
-      out += Row({std::to_string(l), std::to_string(h), channel_cell,
-                  consistent ? Format("%.0f%%", 100.0 * *consistent) : kMissing, Cell(bias, "%.3g"),
-                  h == 0 ? Cell(sink, "%.3f") : ""});
+      auto list = [h](const json* per_head) {
+        return per_head != nullptr && h < per_head->size() ? ChannelList((*per_head)[h])
+                                                           : std::string(kMissing);
+      };
+      out += Row({std::to_string(l), std::to_string(h), list(channels),
+                  consistent ? Format("%.0f%%", 100.0 * *consistent) : kMissing, list(post),
+                  list(v_channels), Cell(bias, "%.3g"), h == 0 ? Cell(sink, "%.3f") : ""});
     }
   }
   out +=
       "</table></div>\n<p class=\"caption\">Outlier channels are those whose mean |x| exceeds 4 "
       "times the median channel of the head; <i>consistency</i> is the fraction of tokens whose "
       "largest channels include that set (near 100% means fixed outlier channels, the case "
-      "per-channel key quantization is designed for). The k_proj bias norm is added to every "
+      "per-channel key quantization is designed for). RoPE rotates channel pairs, so a "
+      "pre-RoPE outlier channel may vanish or move after RoPE. The k_proj bias norm is added to "
+      "every "
       "key of the head, so a large one makes a constant offset that per-channel scales absorb. "
       "<i>Sink mass</i> is the mean attention probability on the first token (attention sinks), "
       "which is why some schemes keep that token in full precision.</p>\n";

@@ -331,6 +331,36 @@ TEST(StudyQuantTest, VChoiceIsInvisibleToScoresButNotToOutputs) {
   }
 }
 
+// Heads run in parallel but their sums are added in head order: the same
+// numbers, bit for bit, for any thread count.
+TEST(StudyQuantTest, ThreadsDoNotChangeTheResult) {
+  StudyCapture cap;
+  cap.shape = KvShape{2, 6, 2, 16};
+  cap.tokens = 50;
+  cap.layers.resize(2);
+  for (int l = 0; l < 2; ++l) {
+    cap.layers[l].q = Random(50 * 6 * 16, 50 + l);
+    cap.layers[l].k = Random(50 * 2 * 16, 60 + l);
+    cap.layers[l].k_pre_rope = cap.layers[l].k;
+    cap.layers[l].v = Random(50 * 2 * 16, 70 + l);
+  }
+  std::vector<FakeQuantRow> one = StudyFakeQuantRows({2, 4});
+  one.erase(
+      std::remove_if(one.begin(), one.end(), [](const FakeQuantRow& r) { return r.k_pre_rope; }),
+      one.end());
+  std::vector<FakeQuantRow> two = one;
+  FakeQuantOptions options;
+  ASSERT_TRUE(RunFakeQuant(cap, options, &one).ok());
+  options.threads = 3;
+  ASSERT_TRUE(RunFakeQuant(cap, options, &two).ok());
+  for (size_t r = 0; r < one.size(); ++r) {
+    EXPECT_EQ(one[r].overall.score_rel_error, two[r].overall.score_rel_error) << r;
+    EXPECT_EQ(one[r].overall.prob_kl, two[r].overall.prob_kl) << r;
+    EXPECT_EQ(one[r].overall.output_rel_error, two[r].overall.output_rel_error) << r;
+    EXPECT_EQ(one[r].per_layer[1].output_rel_error, two[r].per_layer[1].output_rel_error) << r;
+  }
+}
+
 TEST(StudyQuantTest, PreRopeRowNeedsRope) {
   StudyCapture cap;
   cap.shape = KvShape{1, 1, 1, 8};

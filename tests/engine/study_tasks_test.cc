@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -244,8 +246,14 @@ TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
     schemes.push_back(
         {type, [this, type]() -> StatusOr<std::unique_ptr<KvCache>> { return Cache(type, 600); }});
   }
-  int64_t trials_run = 0;
-  auto count = [&](const NeedleProgress&) { ++trials_run; };
+  // Progress counts recorded trials too; the files hold one line per trial
+  // run, so their lengths tell what ran.
+  NeedleProgress last;
+  auto count = [&](const NeedleProgress& p) { last = p; };
+  auto lines = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  };
   auto first = RunNeedleStudy(model_, schemes, o, dir, count);
   ASSERT_TRUE(first.ok()) << first.status().message();
   const nlohmann::json& j = *first;
@@ -259,24 +267,27 @@ TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
   EXPECT_FALSE(j["per_task"][0]["model_can_do"].get<bool>());
   EXPECT_NE(j["statement"].get<std::string>().find("cannot do it"), std::string::npos);
   EXPECT_GT(j["tokens_from_shared_prefix"].get<int64_t>(), 0);
-  EXPECT_EQ(trials_run, 3);
+  EXPECT_EQ(last.scheme, "f16");
+  EXPECT_EQ(last.done, 3);
+  EXPECT_EQ(last.total, 3);
 
   // Cut the cell's last line short, as a kill mid-write would.
   const std::string cell = dir + "/" + ResultFileStem("f16") + "/single_repeat_c600_d0.500.jsonl";
   ASSERT_TRUE(fs::exists(cell));
   const auto size = fs::file_size(cell);
+  EXPECT_EQ(lines(cell), 3);
   fs::resize_file(cell, size - 5);
-  trials_run = 0;
   auto second = RunNeedleStudy(model_, schemes, o, dir, count);
   ASSERT_TRUE(second.ok()) << second.status().message();
-  EXPECT_EQ(trials_run, 1);  // only the lost trial ran again
+  EXPECT_EQ(lines(cell), 3);  // 2 kept + only the lost trial again
+  EXPECT_EQ(last.done, 3);
   EXPECT_EQ((*second)["schemes"][0]["cells"], j["schemes"][0]["cells"]);
   // More trials later: only the new ones run.
   o.trials = 4;
-  trials_run = 0;
   auto more = RunNeedleStudy(model_, schemes, o, dir, count);
   ASSERT_TRUE(more.ok()) << more.status().message();
-  EXPECT_EQ(trials_run, 1);
+  EXPECT_EQ(lines(cell), 4);
+  EXPECT_EQ(last.done, 4);
   EXPECT_EQ((*more)["schemes"][0]["cells"][0]["trials"], 4);
   // Another seed is another configuration: refused.
   o.seed = 1;

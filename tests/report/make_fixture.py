@@ -51,6 +51,10 @@ def outlier_layer(layer):
     return {"layer": layer, "k_pre_rope_channel_mean_abs": pre,
             "k_post_rope_channel_mean_abs": post, "v_channel_mean_abs": v,
             "k_pre_rope_outlier_channels": channels,
+            "k_post_rope_outlier_channels": [sorted({c % HALF for c in ch} |
+                                                    {c % HALF + HALF for c in ch})
+                                             for ch in channels],
+            "v_outlier_channels": [[] for _ in channels],
             "k_pre_rope_outlier_consistency": consistency,
             "sink_mass": r(sum(per_head) / HEADS, 3), "sink_mass_per_head": per_head,
             "sinks": sinks,

@@ -346,14 +346,14 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   out["quick"] = o.quick;
   KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(model.transformer->files()));
   out["model"] = ModelJson(model, bias_norms);
-  // tokens_used: the perplexity windows (the text's first windows x context
-  // tokens; the capture reads the first capture_tokens of the same prefix).
-  // Passkey filler comes from seeded offsets anywhere in the text.
+  // prefix_tokens: the perplexity windows and the capture read the text's
+  // first tokens; passkey filler comes from seeded offsets anywhere in it
+  // (version 1 called this tokens_used, which the filler made untrue).
   const int64_t windows = !o.core        ? 0
                           : o.chunks > 0 ? std::min<int64_t>(o.chunks, tokens.size() / o.context)
                                          : static_cast<int64_t>(tokens.size()) / o.context;
   out["text"] = {{"path", o.text_path},
-                 {"tokens_used", o.core ? std::max(windows * o.context, o.capture_tokens) : 0},
+                 {"prefix_tokens", o.core ? std::max(windows * o.context, o.capture_tokens) : 0},
                  {"text_tokens", static_cast<int64_t>(tokens.size())},
                  {"perplexity_windows", windows},
                  {"perplexity_context", o.context}};

@@ -1,8 +1,9 @@
 // kvq study: for one model and text, capture the real K/V, measure their
-// outlier structure, fake-quantize them (SCHEMES.md's experiment, corrected),
+// structure (outlier channels, k_proj bias, attention sinks, statistics),
+// fake-quantize them (the write-up's experiment as written and corrected),
 // run every cache scheme end to end (perplexity, KL, top-1, passkey recall,
-// bytes), and return every number as the JSON object that
-// /work/wt/STUDY_SCHEMA.md (docs/study.md) fixes. The CLI prints a table
+// bytes), optionally needle-in-a-haystack and GSM8K per scheme, and return
+// every number as the JSON object docs/study.md documents. The CLI prints a table
 // from it and the report renders it.
 #pragma once
 

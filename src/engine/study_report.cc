@@ -114,9 +114,12 @@ StatusOr<std::string> Header(const json& study) {
   KVQ_ASSIGN_OR_RETURN(const json* text, ObjectMember(study, "text", ""));
   if (text != nullptr) {
     KVQ_ASSIGN_OR_RETURN(std::string path, StringMember(*text, "path", "text"));
-    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> tokens, IntMember(*text, "tokens_used", "text"));
-    item("text", "<code>" + EscapeHtml(path) + "</code>" +
-                     (tokens ? ", " + std::to_string(*tokens) + " tokens used" : ""));
+    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> tokens, IntMember(*text, "prefix_tokens", "text"));
+    item("text",
+         "<code>" + EscapeHtml(path) + "</code>" +
+             (tokens ? ", its first " + std::to_string(*tokens) +
+                           " tokens for perplexity and capture (passkey filler from all of it)"
+                     : ""));
   }
   KVQ_ASSIGN_OR_RETURN(std::string command, StringMember(study, "command", ""));
   if (!command.empty()) item("command", "<code>" + EscapeHtml(command) + "</code>");

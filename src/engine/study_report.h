@@ -1,5 +1,5 @@
 // The self-contained HTML report of `kvq study`: rendered from the study JSON
-// (the contract is STUDY_SCHEMA.md, version 1) and never recomputing a
+// (docs/study.md, kStudyVersion) and never recomputing a
 // measurement. Charts are Vega-Lite specs with their data inlined, drawn by
 // Vega, Vega-Lite and vega-embed, whose bundles are compiled into kvq
 // (cmake/vega_assets.cmake), so the page works offline and kvq needs no file

@@ -246,7 +246,7 @@ study = {
               "architecture": "qwen2", "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS,
               "head_dim": HEAD_DIM, "context": CTX, "parameters": 9443200,
               "k_bias_norms": [[r(n / math.sqrt(KV_HEADS), 3)] * KV_HEADS for n in _norms]},
-    "text": {"path": ".deps/corpus/test.txt", "tokens_used": 4096},
+    "text": {"path": ".deps/corpus/test.txt", "prefix_tokens": 4096},
     "outliers": {"capture_tokens": CTX,
                  "sink_detection_rule": "token j is a sink when it draws >= 0.1 of later queries",
                  "k_bias": K_BIAS,

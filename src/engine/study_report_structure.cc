@@ -238,7 +238,11 @@ StatusOr<MaybeChart> TensorStatsChart(const json& study) {
                   {"height", 180},
                   {"mark", {{"type", "line"}, {"point", true}}},
                   {"encoding",
-                   {{"x", {{"field", "layer"}, {"type", "ordinal"}, {"axis", {{"labelAngle", 0}}}}},
+                   // Quantitative: a 30-layer model gets round ticks, not 30 labels.
+                   {{"x",
+                     {{"field", "layer"},
+                      {"type", "quantitative"},
+                      {"axis", {{"format", "d"}, {"tickMinStep", 1}}}}},
                     {"y",
                      {{"aggregate", "mean"},
                       {"field", "value"},

@@ -22,6 +22,7 @@
 #include "engine/study_resume.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
+#include "tools/model_arg.h"
 #include "tools/study_tables.h"
 
 namespace kvq {
@@ -386,10 +387,13 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
       "policy:FILE (a --kv-policy file, e.g. from kvq tune).\n"
       "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
       "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].");
+  // Repeatable, unlike AddModelOption's single -m; the same resolver (hub
+  // ids) applies to each.
   cmd->add_option("-m,--model", flags->models,
-                  "GGUF file or Hugging Face folder (default: the shipped model); repeat -m to "
-                  "study several models: one JSON each (study-<model>.json) and one report "
-                  "putting them side by side");
+                  "GGUF file, Hugging Face folder or cached hub id (default: the shipped "
+                  "model); repeat -m to study several models: one JSON each "
+                  "(study-<model>.json) and one report putting them side by side")
+      ->transform(ModelArgResolver());
   cmd->add_option("--compare", flags->compare,
                   "Study JSONs (comma-separated) to put side by side in --report; runs nothing")
       ->delimiter(',');
@@ -418,13 +422,13 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--recall-depths", flags->recall_depths,
                   "Passkey depths in [0, 1] (default 0,0.5,1)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(FiniteRange(0, 1));
   cmd->add_option("--recall-trials", flags->recall_trials,
                   "Passkey trials per (context, depth) (default 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", flags->seed, "Seed of the passkey prompts (default 1234)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->add_option("--json", flags->json, "Write every number here (default study.json)");
   cmd->add_option("--report", flags->report, "Write the self-contained HTML report here");
   cmd->add_option("--dump", flags->dump, "Write the captured q/K/V as safetensors here");
@@ -461,7 +465,7 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--niah-depths", flags->niah_depths,
                   "Needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(FiniteRange(0, 1));
   cmd->add_option("--niah-trials", flags->niah_trials,
                   "Needle trials per (task, context, depth) (default 4; 20 with --full)")
       ->check(CLI::PositiveNumber);

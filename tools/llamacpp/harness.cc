@@ -10,12 +10,24 @@
 //       position: magic "KVQLOGIT", uint32 n_tokens, uint32 n_vocab, then
 //       n_tokens*n_vocab little-endian f32. --decode feeds one token per
 //       llama_decode call (the KV-cache path); default is one batch (prefill).
+//   harness greedy MODEL.gguf N [--threads N] TOKEN...
+//       prefills the prompt tokens (f16 KV cache, llama.cpp's default), then
+//       decodes N tokens greedily; prints one line per generated token:
+//       "<token> <top-1 logit> <top-2 logit>" (the gap tells a near-tie).
+//   harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS [NAME FIRST_ROW ROWS]...
+//       decodes the given rows of each named tensor with ggml's own
+//       to_float (its type traits) and writes: magic "KVQDEQNT", uint32
+//       n_requests, then per request uint32 ggml type, int64 cols, and
+//       ROWS*cols little-endian f32.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "ggml.h"
+#include "gguf.h"
 #include "llama.h"
 
 namespace {
@@ -27,7 +39,9 @@ void QuietLog(ggml_log_level level, const char* text, void*) {
 int Usage() {
   std::fprintf(stderr,
                "usage: harness load MODEL.gguf\n"
-               "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n");
+               "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
+               "       harness greedy MODEL.gguf N [--threads N] TOKEN...\n"
+               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n");
   return 2;
 }
 
@@ -126,6 +140,164 @@ int Logits(int argc, char** argv) {
   return std::fclose(out) == 0 ? 0 : 1;
 }
 
+// The two largest logits of a row: (argmax, top-1, top-2).
+void TopTwo(const float* row, int n, int* best, float* top1, float* top2) {
+  *best = 0;
+  *top1 = row[0];
+  *top2 = -INFINITY;
+  for (int i = 1; i < n; ++i) {
+    if (row[i] > *top1) {
+      *top2 = *top1;
+      *top1 = row[i];
+      *best = i;
+    } else if (row[i] > *top2) {
+      *top2 = row[i];
+    }
+  }
+}
+
+int Greedy(int argc, char** argv) {
+  if (argc < 5) return Usage();
+  const char* model_path = argv[2];
+  const int n_generate = std::atoi(argv[3]);
+  int threads = 2;
+  std::vector<llama_token> tokens;
+  for (int i = 4; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      tokens.push_back(static_cast<llama_token>(std::atoi(argv[i])));
+    }
+  }
+  if (tokens.empty() || n_generate < 1) return Usage();
+  llama_model* model = LoadModel(model_path);
+  if (model == nullptr) return 1;
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  const int n_prompt = static_cast<int>(tokens.size());
+  llama_context_params cparams = llama_context_default_params();
+  cparams.n_ctx = static_cast<uint32_t>(n_prompt + n_generate + 16);
+  cparams.n_batch = cparams.n_ctx;
+  cparams.n_ubatch = cparams.n_ctx;
+  cparams.n_threads = threads;
+  cparams.n_threads_batch = threads;
+  llama_context* ctx = llama_init_from_model(model, cparams);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "harness: cannot create context\n");
+    llama_model_free(model);
+    return 1;
+  }
+  llama_batch batch = llama_batch_init(n_prompt, 0, 1);
+  int status = 0;
+  int pos = 0;
+  int n_in = n_prompt;
+  for (int step = 0; step < n_generate && status == 0; ++step) {
+    batch.n_tokens = n_in;
+    for (int j = 0; j < n_in; ++j) {
+      batch.token[j] = tokens[pos + j];
+      batch.pos[j] = pos + j;
+      batch.n_seq_id[j] = 1;
+      batch.seq_id[j][0] = 0;
+      batch.logits[j] = j == n_in - 1;
+    }
+    if (llama_decode(ctx, batch) != 0) {
+      std::fprintf(stderr, "harness: llama_decode failed at position %d\n", pos);
+      status = 1;
+      break;
+    }
+    pos += n_in;
+    int best;
+    float top1, top2;
+    TopTwo(llama_get_logits_ith(ctx, n_in - 1), n_vocab, &best, &top1, &top2);
+    std::printf("%d %.6f %.6f\n", best, top1, top2);
+    tokens.push_back(best);
+    n_in = 1;
+  }
+  llama_batch_free(batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  return status;
+}
+
+// Reads rows [first, first + rows) of tensor `name` straight from the file
+// and decodes them with ggml's to_float; appends type, cols and values.
+bool DequantRows(FILE* file, gguf_context* gguf, ggml_context* meta, const char* name,
+                 int64_t first, int64_t rows, std::vector<char>* out) {
+  const int64_t id = gguf_find_tensor(gguf, name);
+  const ggml_tensor* t = ggml_get_tensor(meta, name);
+  if (id < 0 || t == nullptr) {
+    std::fprintf(stderr, "harness: no tensor '%s'\n", name);
+    return false;
+  }
+  const int64_t cols = t->ne[0];
+  const int64_t total_rows = ggml_nelements(t) / cols;
+  const ggml_type_traits* traits = ggml_get_type_traits(t->type);
+  if (first < 0 || rows <= 0 || first + rows > total_rows ||
+      (traits->to_float == nullptr && t->type != GGML_TYPE_F32)) {
+    std::fprintf(stderr, "harness: bad rows %lld+%lld of '%s' (%lld rows, type %s)\n",
+                 static_cast<long long>(first), static_cast<long long>(rows), name,
+                 static_cast<long long>(total_rows), ggml_type_name(t->type));
+    return false;
+  }
+  const size_t row_bytes = ggml_row_size(t->type, cols);
+  std::vector<uint8_t> raw(row_bytes * static_cast<size_t>(rows));
+  const long offset =
+      static_cast<long>(gguf_get_data_offset(gguf) + gguf_get_tensor_offset(gguf, id) +
+                        row_bytes * static_cast<size_t>(first));
+  if (std::fseek(file, offset, SEEK_SET) != 0 ||
+      std::fread(raw.data(), 1, raw.size(), file) != raw.size()) {
+    std::fprintf(stderr, "harness: cannot read '%s'\n", name);
+    return false;
+  }
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t->type == GGML_TYPE_F32) {  // ggml has no to_float for f32 itself
+      std::memcpy(values.data() + r * cols, raw.data() + r * row_bytes, row_bytes);
+    } else {
+      traits->to_float(raw.data() + r * row_bytes, values.data() + r * cols, cols);
+    }
+  }
+  const uint32_t type = static_cast<uint32_t>(t->type);
+  const char* p = reinterpret_cast<const char*>(&type);
+  out->insert(out->end(), p, p + sizeof(type));
+  p = reinterpret_cast<const char*>(&cols);
+  out->insert(out->end(), p, p + sizeof(cols));
+  p = reinterpret_cast<const char*>(values.data());
+  out->insert(out->end(), p, p + values.size() * sizeof(float));
+  return true;
+}
+
+int Dequant(int argc, char** argv) {
+  if (argc < 7 || (argc - 4) % 3 != 0) return Usage();
+  ggml_context* meta = nullptr;
+  gguf_init_params params = {/*no_alloc=*/true, &meta};
+  gguf_context* gguf = gguf_init_from_file(argv[2], params);
+  if (gguf == nullptr) {
+    std::fprintf(stderr, "harness: ggml cannot read %s\n", argv[2]);
+    return 1;
+  }
+  FILE* file = std::fopen(argv[2], "rb");
+  std::vector<char> out;
+  bool ok = file != nullptr;
+  const uint32_t requests = static_cast<uint32_t>((argc - 4) / 3);
+  for (int i = 4; ok && i + 2 < argc; i += 3) {
+    ok = DequantRows(file, gguf, meta, argv[i], std::atoll(argv[i + 1]), std::atoll(argv[i + 2]),
+                     &out);
+  }
+  if (file != nullptr) std::fclose(file);
+  gguf_free(gguf);
+  ggml_free(meta);
+  if (!ok) return 1;
+  FILE* f = std::fopen(argv[3], "wb");
+  if (f == nullptr) {
+    std::fprintf(stderr, "harness: cannot write %s\n", argv[3]);
+    return 1;
+  }
+  std::fwrite("KVQDEQNT", 1, 8, f);
+  std::fwrite(&requests, sizeof(requests), 1, f);
+  std::fwrite(out.data(), 1, out.size(), f);
+  return std::fclose(f) == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +309,10 @@ int main(int argc, char** argv) {
     rc = Load(argv[2]);
   } else if (std::strcmp(argv[1], "logits") == 0) {
     rc = Logits(argc, argv);
+  } else if (std::strcmp(argv[1], "greedy") == 0) {
+    rc = Greedy(argc, argv);
+  } else if (std::strcmp(argv[1], "dequant") == 0) {
+    rc = Dequant(argc, argv);
   } else {
     rc = Usage();
   }

@@ -49,7 +49,7 @@ test-sanitize: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_SANITIZE=ON >/dev/null
 	cmake --build build-asan -j $(JOBS)
 	$(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE llamacpp
+	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE 'llamacpp|soak'
 
 # Each libFuzzer target for FUZZ_SECONDS, starting from its seed corpus.
 fuzz: setup

@@ -10,6 +10,8 @@ doc="$src/docs/models.md"
 models="$src/.deps/models"
 fail=0
 checked=0
+# 98362432 -> 98,362,432, as the doc writes numbers (no locale needed).
+commas() { echo "$1" | sed -e ':a' -e 's/\B[0-9]\{3\}\>/,&/' -e 'ta'; }
 expect() {  # what, text that must appear in the doc
   if grep -qF -- "$2" "$doc"; then echo "PASS $1: '$2'"; else echo "FAIL $1: '$2' not in docs/models.md"; fail=1; fi
 }
@@ -29,8 +31,8 @@ for file in SmolLM2-135M-Instruct.Q4_1.gguf qwen2.5-coder-0.5b-instruct.gguf qwe
   expect "$file shape" "$layers / $heads / $kv_heads / $head_dim"
   expect "$file context" "| $context |"
   expect "$file file type" "$file_type"
-  expect "$file f16 KV bytes/token" "$(printf "%'d" "$kv") bytes"
-  expect "$file size" "$(printf "%'d" "$(stat -L -c %s "$path")") bytes"
+  expect "$file f16 KV bytes/token" "$(commas "$kv") bytes"
+  expect "$file size" "$(commas "$(stat -L -c %s "$path")") bytes"
   expect "$file SHA-256" "$(awk -v n="$file" '$2 == n {print $1}' "$src/scripts/assets.sha256")"
   # Every tensor type the file uses, with its count (kvq info: "q4_1 x210").
   for pair in $(echo "$info" | sed -n 's/^parameters:.*(\(.*\)),.*/\1/p' | tr -d ' ' | tr ',' ' '); do

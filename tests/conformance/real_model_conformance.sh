@@ -8,9 +8,8 @@
 #   2. kvq writes the same file format (--logits-format llama) in that run;
 #      llama-perplexity --kl-divergence scores itself against it: the reverse
 #      KL(kvq || llama.cpp) must also be <= 5e-4 and top-1 >= 99.5%.
-# BARS=issue checks the issue's bars (make conformance-real; not met yet:
-# llama.cpp rounds activations to 8 bits for block weight types, kvq keeps
-# them f32). BARS=regression (make test) holds the agreement measured on
+# BARS=issue checks the issue's bars (make conformance-real; not met yet,
+# cause not found: docs/benchmarks.md "Real models"). BARS=regression (make test) holds the agreement measured on
 # SmolLM2 with f32 activations (KL 2.8e-3 nats both ways, top-1 96.3%,
 # perplexity 0.4% apart) at twice the KL and one point of top-1, so a broken
 # kernel or format fails while the known gap does not. Figures go to

@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 
 constexpr int kGenerate = 64;
 // A divergence is only a near-tie if llama.cpp's own top-2 logits differ by
-// less than this (the issue's bar): differences in summation order and
-// activation rounding move logits by ~1e-3..1e-2 on these models.
+// less than this (the issue's bar): two correct implementations that differ
+// only in summation order and rounding move logits by ~1e-3..1e-2.
 constexpr float kNearTie = 0.02f;
 
 struct Step {
@@ -149,8 +149,8 @@ std::string ModelPath(const char* file) { return std::string(KVQ_DEPS_DIR) + "/m
 class RealModelGreedy : public testing::TestWithParam<const char*> {};
 
 // The issue's bars: >= 4 of 5 continuations identical, and any divergence
-// starting at a near-tie. Run by `make conformance-real`. Not met yet: with
-// f32 activations kvq differs from llama.cpp's 8-bit activation rounding.
+// starting at a near-tie. Run by `make conformance-real`. Not met yet (the
+// cause is not found: docs/benchmarks.md, "Real models").
 TEST_P(RealModelGreedy, ContinuationsMatchLlamaCpp) {
   const std::string path = ModelPath(GetParam());
   if (!fs::exists(path)) GTEST_SKIP() << path << " missing: run scripts/setup.sh";

@@ -65,6 +65,25 @@ json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_a
   return out;
 }
 
+json AccuracyHeatmap(const json& x, const json& y, const char* color_title, json tooltip, int step,
+                     int font_size) {
+  return {{"width", {{"step", step}}},
+          {"layer",
+           {{{"mark", "rect"},
+             {"encoding",
+              {{"x", x},
+               {"y", y},
+               {"color",
+                {{"field", "accuracy"},
+                 {"type", "quantitative"},
+                 {"title", color_title},
+                 {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
+                 {"legend", {{"format", ".0%"}}}}},
+               {"tooltip", std::move(tooltip)}}}},
+            {{"mark", {{"type", "text"}, {"fontSize", font_size}}},
+             {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+}
+
 }  // namespace study_report
 
 namespace {
@@ -575,26 +594,14 @@ StatusOr<MaybeChart> RecallChart(const json& study) {
   spec["facet"] = {
       {"column",
        {{"field", "context"}, {"type", "nominal"}, {"sort", context_order}, {"title", nullptr}}}};
-  spec["spec"] = {{"width", {{"step", 40}}},
-                  {"layer",
-                   {{{"mark", "rect"},
-                     {"encoding",
-                      {{"x", x},
-                       {"y", y},
-                       {"color",
-                        {{"field", "accuracy"},
-                         {"type", "quantitative"},
-                         {"title", "exact recall"},
-                         {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
-                         {"legend", {{"format", ".0%"}}}}},
-                       {"tooltip", Tooltip({{"scheme", "nominal"},
-                                            {"context", "nominal"},
-                                            {"depth", "quantitative"},
-                                            {"label", "nominal"},
-                                            {"accuracy", "quantitative"}},
-                                           ".0%")}}}},
-                    {{"mark", {{"type", "text"}, {"fontSize", 10}}},
-                     {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+  spec["spec"] = study_report::AccuracyHeatmap(x, y, "exact recall",
+                                               Tooltip({{"scheme", "nominal"},
+                                                        {"context", "nominal"},
+                                                        {"depth", "quantitative"},
+                                                        {"label", "nominal"},
+                                                        {"accuracy", "quantitative"}},
+                                                       ".0%"),
+                                               40, 10);
   return MaybeChart(StudyChart{
       "recall", "Exact recall of a passkey by depth",
       "A passkey is hidden at a given depth (fraction of the way into filler text) and asked for "

@@ -18,6 +18,12 @@ using MaybeChart = std::optional<StudyChart>;
 nlohmann::json BaseSpec();
 nlohmann::json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_and_types,
                        const char* number_format = ".4~g");
+// The inner spec of a faceted accuracy heatmap (passkey recall, needle
+// tasks): one rect per (x, y) coloured by "accuracy" on [0, 1], with the
+// cell's "label" text on top.
+nlohmann::json AccuracyHeatmap(const nlohmann::json& x, const nlohmann::json& y,
+                               const char* color_title, nlohmann::json tooltip, int step,
+                               int font_size);
 
 // Structure of the cache (study_report_structure.cc): k_proj bias norms per
 // layer, attention sinks per layer and head, K/V value statistics.

@@ -95,26 +95,14 @@ StatusOr<MaybeChart> NeedleChart(const json& study) {
       {"row", {{"field", "task"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
       {"column",
        {{"field", "context"}, {"type", "nominal"}, {"sort", context_order}, {"title", nullptr}}}};
-  spec["spec"] = {{"width", {{"step", 36}}},
-                  {"layer",
-                   {{{"mark", "rect"},
-                     {"encoding",
-                      {{"x", x},
-                       {"y", y},
-                       {"color",
-                        {{"field", "accuracy"},
-                         {"type", "quantitative"},
-                         {"title", "exact match"},
-                         {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
-                         {"legend", {{"format", ".0%"}}}}},
-                       {"tooltip", Tooltip({{"scheme", "nominal"},
-                                            {"task", "nominal"},
-                                            {"context", "nominal"},
-                                            {"depth", "quantitative"},
-                                            {"label", "nominal"}},
-                                           ".0%")}}}},
-                    {{"mark", {{"type", "text"}, {"fontSize", 9}}},
-                     {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+  spec["spec"] = AccuracyHeatmap(x, y, "exact match",
+                                 Tooltip({{"scheme", "nominal"},
+                                          {"task", "nominal"},
+                                          {"context", "nominal"},
+                                          {"depth", "quantitative"},
+                                          {"label", "nominal"}},
+                                         ".0%"),
+                                 36, 9);
   KVQ_ASSIGN_OR_RETURN(std::string statement, StringMember(*needle, "statement", "needle"));
   KVQ_ASSIGN_OR_RETURN(std::string rule, StringMember(*needle, "rule", "needle"));
   return MaybeChart(StudyChart{

@@ -3,14 +3,15 @@
 BUILD     ?= build
 JOBS      ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
-LLAMA_BIN  = $(shell scripts/build_llama_cpp.sh | tail -n 1)
+LLAMA_BIN  = $(shell scripts/build_llama_cpp.sh llama llama-perplexity | tail -n 1)
 CMAKE_FLAGS ?=
 # Tests share two cores with whatever else runs: OpenMP threads that sleep at
 # barriers instead of spinning keep an oversubscribed machine from crawling.
 # (Benchmarks keep the default spinning policy, as llama.cpp does.)
 TEST_ENV = OMP_WAIT_POLICY=PASSIVE
 
-.PHONY: all setup build llama-cpp test test-unit test-sanitize fuzz check demo format clean
+.PHONY: all setup build llama-cpp test test-unit test-sanitize fuzz check demo format clean \
+        conformance-real
 
 all: build
 
@@ -21,9 +22,11 @@ build: setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
-# llama.cpp, built once into a cache outside the checkout (slow the first time).
+# llama.cpp, built once into a cache outside the checkout (slow the first time):
+# the library for kvq's harness, and llama-perplexity for the real-weight
+# conformance tests.
 llama-cpp: setup
-	@scripts/build_llama_cpp.sh llama
+	@scripts/build_llama_cpp.sh llama llama-perplexity >/dev/null
 
 # Every test: unit tests, tokenizer vectors, and conformance with llama.cpp.
 test: setup llama-cpp
@@ -32,12 +35,21 @@ test: setup llama-cpp
 	cmake --build $(BUILD) -j $(JOBS)
 	$(TEST_ENV) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
+# Conformance with llama.cpp on every real model set-up fetched (docs/models.md):
+# greedy continuations, then KL / top-1 / perplexity over 16K held-out tokens.
+REAL_MODELS = SmolLM2-135M-Instruct.Q4_1 qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct
+conformance-real: test
+	$(TEST_ENV) $(BUILD)/bin/conformance_tests --gtest_filter='Real/*'
+	@set -e; for m in $(REAL_MODELS); do \
+	  tests/conformance/real_model_conformance.sh $(BUILD)/bin/kvq $(LLAMA_BIN) .deps/models/$$m.gguf \
+	    .deps/corpus/test.txt $(BUILD)/conformance_real; done
+
 # Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_SANITIZE=ON >/dev/null
 	cmake --build build-asan -j $(JOBS)
 	$(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE llamacpp
+	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE 'llamacpp|soak'
 
 # Each libFuzzer target for FUZZ_SECONDS, starting from its seed corpus.
 fuzz: setup

@@ -57,7 +57,40 @@ struct RotatingWeights {
       }
       if (t == WeightType::kQ8_0) QuantizeRowQ8_0(row.data(), c, reinterpret_cast<BlockQ8_0*>(dst));
     }
+    if (BlockSize(t) > 1 && t != WeightType::kQ8_0) FillRandomBlocks(t, one);
     for (int64_t k = 1; k < copies; ++k) std::memcpy(bytes.data() + k * one, bytes.data(), one);
+  }
+  // Other block types: random quant bytes, then every f16 field of every
+  // block (d, m/dmin) set to a small finite scale. Speed does not depend on
+  // the values, only on them being finite.
+  void FillRandomBlocks(WeightType t, int64_t one) {
+    std::mt19937 rng(2);
+    for (int64_t i = 0; i < one; ++i) bytes[static_cast<size_t>(i)] = static_cast<uint8_t>(rng());
+    std::vector<int64_t> halves;
+    switch (t) {
+      case WeightType::kQ4_1:
+      case WeightType::kQ5_1:
+      case WeightType::kQ4_K:
+      case WeightType::kQ5_K:
+        halves = {0, 2};
+        break;
+      case WeightType::kQ2_K:
+        halves = {80, 82};
+        break;
+      case WeightType::kQ3_K:
+        halves = {108};
+        break;
+      case WeightType::kQ6_K:
+        halves = {208};
+        break;
+      default:
+        halves = {0};
+        break;
+    }
+    const uint16_t h = F32ToF16(0.01f);
+    for (int64_t b = 0; b < one / BlockBytes(t); ++b) {
+      for (int64_t off : halves) std::memcpy(bytes.data() + b * BlockBytes(t) + off, &h, 2);
+    }
   }
   WeightView view(int64_t k) const {
     return WeightView{type, rows, cols, bytes.data() + (k % copies) * rows * RowBytes(type, cols)};
@@ -105,6 +138,31 @@ void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   state.counters["GBps"] = total / 1e9 / matvec_seconds;
   state.counters["probe_GBps"] = total / 1e9 / probe_seconds;
   state.counters["vs_probe"] = probe_seconds / matvec_seconds;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Compute speed of the decode kernel alone: one thread, one matrix small
+// enough to stay in L2, thread CPU time (steady on a shared machine).
+// Gweights_cpu is directly comparable with `kvq-llamacpp-harness vecdot`
+// (ggml's vec_dot on the same shape; see ops/matvec.h).
+void BM_MatvecL2(benchmark::State& state, WeightType type, int64_t rows, int64_t cols) {
+  RotatingWeights w(type, rows, cols, 0);
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  double cpu = 0.0;
+  for (auto _ : state) {
+    const double c0 = ThreadCpuSeconds();
+    Matvec(w.view(0), x.data(), y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+    cpu += ThreadCpuSeconds() - c0;
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["Gweights_cpu"] = n * static_cast<double>(rows * cols) / 1e9 / cpu;
+  state.counters["GBps_cpu"] = n * static_cast<double>(rows * RowBytes(type, cols)) / 1e9 / cpu;
 }
 
 enum class MatmulImpl { kMatmul, kSgemm, kTiles, kPacked };
@@ -213,6 +271,46 @@ void RegisterAll() {
             ->ArgName("threads")
             ->UseManualTime();
       }
+    }
+  }
+  // The other block types at the real models' shapes: SmolLM2-135M
+  // (hidden 576, ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where
+  // cols is a multiple of 256.
+  const WeightType block_types[] = {WeightType::kQ4_0, WeightType::kQ4_1,   WeightType::kQ5_0,
+                                    WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ2_K,
+                                    WeightType::kQ3_K, WeightType::kQ4_K,   WeightType::kQ5_K,
+                                    WeightType::kQ6_K};
+  for (WeightType t : types) {
+    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536);
+  }
+  for (WeightType t : block_types) {
+    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536);
+  }
+  const Shape real_shapes[] = {{576, 1536}, {1536, 576}, {896, 4864}, {4864, 896}};
+  for (const Shape& s : real_shapes) {
+    for (WeightType t : block_types) {
+      if (s.cols % BlockSize(t) != 0) continue;
+      for (int threads : {1, 2}) {
+        const std::string name = std::string("Matvec/") + WeightTypeName(t) + "/" +
+                                 std::to_string(s.rows) + "x" + std::to_string(s.cols);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols)
+            ->Arg(threads)
+            ->ArgName("threads")
+            ->UseManualTime();
+      }
+    }
+  }
+  for (const Shape& s : {Shape{4864, 896}, Shape{896, 4864}}) {
+    for (WeightType t : block_types) {
+      if (s.cols % BlockSize(t) != 0) continue;
+      const std::string name = std::string("Prefill/MatmulPacked/") + WeightTypeName(t) + "/" +
+                               std::to_string(s.rows) + "x" + std::to_string(s.cols);
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, t, s.rows, s.cols,
+                                             MatmulImpl::kPacked, true);
+      b->ArgNames({"n", "threads"})->UseManualTime();
+      for (int threads : {1, 2}) b->Args({512, threads});
     }
   }
   for (WeightType t : types) {

@@ -12,7 +12,25 @@ ROOT=$(pwd)
 SRC="$ROOT/.deps/llama.cpp"
 [ -f "$SRC/CMakeLists.txt" ] || { echo "llama.cpp source missing: run scripts/setup.sh" >&2; exit 1; }
 COMMIT=$(git -C "$SRC" rev-parse --short=12 HEAD)
-CACHE="${KVQ_CACHE_DIR:-/var/cache/kvq}/llama.cpp-$COMMIT"
+# CPU flags: -march=native would also enable AMX on CPUs that advertise it,
+# and on the project's VMs the AMX tiles fault (SIGILL in ggml's AMX q4_1
+# matmul as soon as a quantized model runs). So on AVX-512 machines every
+# x86 feature is named explicitly, AMX left out; elsewhere native.
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { [[ " $flags " == *" $1 "* ]]; }
+if has avx512f && has avx512bw && has avx512vl; then
+  ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+       -DGGML_AVX512=ON)
+  has avx512vbmi && ISA+=(-DGGML_AVX512_VBMI=ON)
+  has avx512_vnni && ISA+=(-DGGML_AVX512_VNNI=ON)
+  has avx512_bf16 && ISA+=(-DGGML_AVX512_BF16=ON)
+  has avx_vnni && ISA+=(-DGGML_AVX_VNNI=ON)
+  CONFIG=avx512-noamx
+else
+  ISA=(-DGGML_NATIVE=ON)
+  CONFIG=native
+fi
+CACHE="${KVQ_CACHE_DIR:-/var/cache/kvq}/llama.cpp-$COMMIT-$CONFIG"
 mkdir -p "$CACHE"
 # The cache keeps its own copy of the source so it never depends on which
 # clone built it.
@@ -26,7 +44,7 @@ if [ ! -f "$CACHE/build/CMakeCache.txt" ]; then
   cmake -S "$CACHE/src" -B "$CACHE/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_APP=OFF -DGGML_NATIVE=ON >"$CACHE/configure.log" 2>&1 \
+    -DLLAMA_BUILD_APP=OFF "${ISA[@]}" >"$CACHE/configure.log" 2>&1 \
     || { tail -30 "$CACHE/configure.log" >&2; exit 1; }
 fi
 cmake --build "$CACHE/build" --target "${TARGETS[@]}" >"$CACHE/build.log" 2>&1 \

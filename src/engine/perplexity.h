@@ -21,6 +21,7 @@
 
 #include "base/status.h"
 #include "engine/loaded_model.h"
+#include "engine/logits_file.h"
 #include "kv/kv_cache.h"
 
 namespace kvq {
@@ -30,8 +31,9 @@ struct PerplexityOptions {
   int64_t batch = 512;           // tokens per forward call inside a window
   int64_t max_windows = 0;       // 0 = every whole window of the text
   std::string save_logits_path;  // write the scored rows' log-probs (engine/logits_file.h)
-  bool save_logits_f32 = false;  // store log-probs as f32 instead of f16
-  std::string kl_base_path;      // compare against a file written by save_logits_path
+  bool save_logits_f32 = false;  // store log-probs as f32 instead of f16 (kKvq)
+  LogitsFormat save_logits_format = LogitsFormat::kKvq;
+  std::string kl_base_path;  // compare against a file written by save_logits_path
 };
 
 // Statistics of KL(base || this run) over every scored position.

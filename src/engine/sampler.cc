@@ -15,7 +15,30 @@ int32_t ArgMax(const float* values, int64_t n) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
+const float* Sampler::Processed(const float* logits, int64_t vocab) {
+  const bool penalties = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  if (params_.logit_bias.empty() && (!penalties || counts_.empty())) return logits;
+  processed_.assign(logits, logits + vocab);
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < vocab) processed_[static_cast<size_t>(id)] += bias;
+  }
+  if (penalties) {
+    for (const auto& [id, count] : counts_) {
+      if (id < 0 || id >= vocab) continue;
+      processed_[static_cast<size_t>(id)] -=
+          static_cast<float>(count) * params_.frequency_penalty + params_.presence_penalty;
+    }
+  }
+  return processed_.data();
+}
+
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {
+  const int32_t token = Draw(Processed(logits, vocab), vocab);
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) ++counts_[token];
+  return token;
+}
+
+int32_t Sampler::Draw(const float* logits, int64_t vocab) {
   if (params_.temperature <= 0.0f || params_.top_k == 1) return ArgMax(logits, vocab);
   candidates_.clear();
   candidates_.reserve(static_cast<size_t>(vocab));

@@ -10,6 +10,9 @@
 #include "engine/perplexity.h"
 #include "engine/planner.h"
 #include "engine/study_capture.h"
+#include "engine/study_gsm8k.h"
+#include "engine/study_json.h"
+#include "engine/study_niah.h"
 #include "engine/study_outliers.h"
 #include "engine/study_quant.h"
 #include "kv/kv_calibration.h"
@@ -31,117 +34,6 @@ std::string UtcNow() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-Json Matrix(const std::vector<std::vector<double>>& m) {
-  Json out = Json::array();
-  for (const auto& row : m) {
-    Json r = Json::array();
-    for (double x : row) r.push_back(JsonNumber(x));
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
-Json Vector(const std::vector<double>& v) {
-  Json out = Json::array();
-  for (double x : v) out.push_back(JsonNumber(x));
-  return out;
-}
-
-Json OutliersJson(const std::vector<LayerOutliers>& layers, int64_t tokens) {
-  Json out;
-  out["capture_tokens"] = tokens;
-  out["outlier_rule"] = "mean |x| over tokens > " + std::to_string(kOutlierRatio).substr(0, 3) +
-                        "x the head's median channel";
-  out["consistency_rule"] =
-      "fraction of tokens whose m largest-|x| channels are exactly the m outlier channels";
-  out["sink_rule"] = "mean over query heads and query rows 1..T-1 of the probability on token 0";
-  Json list = Json::array();
-  for (const LayerOutliers& l : layers) {
-    Json j;
-    j["layer"] = l.layer;
-    j["k_pre_rope_channel_absmax"] = Matrix(l.k_pre_mean_abs);
-    j["k_post_rope_channel_absmax"] = Matrix(l.k_post_mean_abs);
-    j["v_channel_absmax"] = Matrix(l.v_mean_abs);
-    j["k_pre_rope_outlier_channels"] = l.k_pre_outliers;
-    j["k_post_rope_outlier_channels"] = l.k_post_outliers;
-    j["v_outlier_channels"] = l.v_outliers;
-    j["k_outlier_consistency"] = Vector(l.k_pre_consistency);
-    j["k_post_rope_outlier_consistency"] = Vector(l.k_post_consistency);
-    j["sink_mass"] = JsonNumber(l.sink_mass);
-    list.push_back(std::move(j));
-  }
-  out["layers"] = std::move(list);
-  return out;
-}
-
-Json MetricsJson(const FakeQuantMetrics& m) {
-  return Json{{"score_rel_error", JsonNumber(m.score_rel_error)},
-              {"prob_kl", JsonNumber(m.prob_kl)},
-              {"output_rel_error", JsonNumber(m.output_rel_error)}};
-}
-
-Json FakeQuantJson(const std::vector<FakeQuantRow>& rows, int64_t tokens, int64_t token_group) {
-  Json out;
-  out["capture_tokens"] = tokens;
-  out["per_token_group"] = "the whole head vector (head_dim channels of one token)";
-  out["per_channel_group_tokens"] = token_group;
-  out["quantizer"] = "asymmetric min/max, 2^b levels, round to nearest";
-  Json list = Json::array();
-  for (const FakeQuantRow& r : rows) {
-    Json j = MetricsJson(r.overall);
-    j["name"] = r.name;
-    j["k_axis"] = QuantAxisName(r.k_axis);
-    j["v_axis"] = QuantAxisName(r.v_axis);
-    j["literal_formula"] = r.formula == QuantFormula::kLiteralWriteup;
-    j["k_pre_rope"] = r.k_pre_rope;
-    j["bits"] = r.bits;
-    Json per_layer = Json::array();
-    for (size_t l = 0; l < r.per_layer.size(); ++l) {
-      Json p = MetricsJson(r.per_layer[l]);
-      p["layer"] = l;
-      per_layer.push_back(std::move(p));
-    }
-    j["per_layer"] = std::move(per_layer);
-    list.push_back(std::move(j));
-  }
-  out["rows"] = std::move(list);
-  return out;
-}
-
-Json SchemeJson(const SchemeResult& r) {
-  Json j;
-  j["name"] = r.spec.name;
-  j["k_type"] = r.spec.k_type;
-  j["v_type"] = r.spec.v_type;
-  j["rotate"] = r.spec.rotate;
-  j["policy"] = r.spec.policy.empty() ? Json(nullptr) : Json(r.spec.policy);
-  j["baseline"] = r.baseline;
-  j["k_bits_nominal"] = r.plan.k_bits;
-  j["v_bits_nominal"] = r.plan.v_bits;
-  j["bits_per_value"] = JsonNumber(r.bits_per_value);
-  j["bytes_per_token"] = JsonNumber(r.bytes_per_token);
-  j["side_bytes"] = r.plan.layout.side_bytes;
-  j["compression_vs_f16"] = JsonNumber(r.compression_vs_f16);
-  j["ppl"] = JsonNumber(r.ppl.ppl);
-  j["ppl_error"] = JsonNumber(r.ppl.ppl_error);
-  j["ppl_windows"] = r.ppl.windows;
-  j["ppl_tokens_scored"] = r.ppl.tokens_scored;
-  j["kl_mean"] = JsonNumber(r.kl_mean);
-  j["kl_p99"] = JsonNumber(r.kl_p99);
-  j["top1_agreement"] = JsonNumber(r.top1_agreement);
-  Json recall = Json::array();
-  for (const RecallCell& c : r.recall) {
-    recall.push_back({{"context", c.context},
-                      {"depth", c.depth},
-                      {"correct", c.correct},
-                      {"trials", c.trials},
-                      {"example_answer", c.example_answer}});
-  }
-  j["recall"] = std::move(recall);
-  j["seconds"] = JsonNumber(r.seconds);
-  return j;
 }
 
 // KVQuant's calibration for the schemes that need one: the user's file, or
@@ -227,6 +119,22 @@ std::string DefaultCorpusPath(const std::string& name) {
   return "";
 }
 
+std::string DefaultGsm8kPath() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path relative = fs::path("..") / "shared" / "data" / "gsm8k" / "test.jsonl";
+  std::vector<fs::path> candidates = {relative};
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path() / "../.." / relative);
+#ifdef KVQ_SOURCE_DIR
+  candidates.push_back(fs::path(KVQ_SOURCE_DIR) / relative);
+#endif
+  for (const fs::path& c : candidates) {
+    if (fs::is_regular_file(c, ec)) return fs::weakly_canonical(c, ec).string();
+  }
+  return "";
+}
+
 Json JsonNumber(double x) { return std::isfinite(x) ? Json(x) : Json(nullptr); }
 
 Status ValidateStudy(const LoadedModel& model, const std::vector<int32_t>& text_tokens,
@@ -268,24 +176,39 @@ Status ValidateStudy(const LoadedModel& model, const std::vector<int32_t>& text_
   return Status::Ok();
 }
 
-StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const StudyOptions& o,
-                        const std::function<void(const StudyEvent&)>& progress) {
-  const auto t_start = Clock::now();
-  auto report = [&](const std::string& stage, const std::string& detail, int64_t done,
-                    int64_t total) {
-    if (progress) progress({stage, detail, done, total});
-  };
-  const Transformer& t = *model.transformer;
-  const ModelConfig& config = t.config();
-  const std::vector<int32_t> tokens = PerplexityTokens(model, text);  // BOS first if the model adds
-  KVQ_RETURN_IF_ERROR(ValidateStudy(model, tokens, o));
-  const std::vector<int32_t> filler = model.tokenizer->Encode(text);
+namespace {
 
-  Json out;
-  out["kvq_study_version"] = 1;
-  out["created_utc"] = UtcNow();
-  out["command"] = o.command;
-  out["quick"] = o.quick;
+// A cache for the recall and reasoning stages: room for one prompt of
+// `max_tokens` twice over (the shared prefix and the fork that extends it).
+std::function<StatusOr<std::unique_ptr<KvCache>>()> CacheMaker(const LoadedModel& model,
+                                                               const SchemeSpec& spec,
+                                                               int64_t max_tokens, int threads,
+                                                               const std::string& calibration) {
+  const KvShape shape = model.transformer->kv_shape();
+  return [=]() -> StatusOr<std::unique_ptr<KvCache>> {
+    KvCacheOptions options = SchemeCacheOptions(spec, max_tokens, threads, calibration);
+    KVQ_ASSIGN_OR_RETURN(KvTypePlan plan, PlanKvType(shape, options));
+    options.memory_bytes = static_cast<size_t>(2 * ExactKvBytes(plan.layout, 1, max_tokens));
+    return MakeKvCache(shape, options);
+  };
+}
+
+// f16 first (the baseline of KL and of the recall pass rule), added if absent.
+std::vector<SchemeSpec> F16First(std::vector<SchemeSpec> schemes) {
+  auto is_f16 = [](const SchemeSpec& s) {
+    return s.k_type == "f16" && s.v_type == "f16" && !s.rotate && s.policy.empty();
+  };
+  auto base_it = std::find_if(schemes.begin(), schemes.end(), is_f16);
+  if (base_it == schemes.end()) {
+    schemes.insert(schemes.begin(), SchemeSpec{"f16", "f16", "f16", false, ""});
+  } else {
+    std::rotate(schemes.begin(), base_it, base_it + 1);
+  }
+  return schemes;
+}
+
+Json ModelJson(const LoadedModel& model, const std::vector<std::vector<double>>& bias_norms) {
+  const ModelConfig& config = model.transformer->config();
   Json m;
   m["path"] = model.path;
   m["architecture"] = ArchitectureName(config.arch);
@@ -296,21 +219,17 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   m["context"] = config.max_position_embeddings;
   auto plan_model = LoadPlanModel(model.path);
   m["parameters"] = plan_model.ok() ? Json(plan_model->parameters) : Json(nullptr);
-  KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(t.files()));
-  m["k_bias_norms"] = Matrix(bias_norms);
-  out["model"] = std::move(m);
-  // tokens_used: the perplexity windows (the text's first windows x context
-  // tokens; the capture reads the first capture_tokens of the same prefix).
-  // Passkey filler comes from seeded offsets anywhere in the text.
-  const int64_t windows = o.chunks > 0 ? std::min<int64_t>(o.chunks, tokens.size() / o.context)
-                                       : static_cast<int64_t>(tokens.size()) / o.context;
-  out["text"] = {{"path", o.text_path},
-                 {"tokens_used", std::max(windows * o.context, o.capture_tokens)},
-                 {"text_tokens", static_cast<int64_t>(tokens.size())},
-                 {"perplexity_windows", windows},
-                 {"perplexity_context", o.context}};
+  m["k_bias_norms"] = JsonMatrix(bias_norms);
+  return m;
+}
 
-  // 1. Capture.
+using Report = std::function<void(const std::string&, const std::string&, int64_t, int64_t)>;
+
+// Stages 1-3 (capture, outliers and sinks, fake quantization) into `out`.
+Status RunStructureStages(LoadedModel& model, const std::vector<int32_t>& tokens,
+                          const std::vector<std::vector<double>>& bias_norms, const StudyOptions& o,
+                          const Report& report, Json& out, Json& timings) {
+  const ModelConfig& config = model.transformer->config();
   auto t0 = Clock::now();
   const std::vector<int32_t> capture_ids(tokens.begin(), tokens.begin() + o.capture_tokens);
   KVQ_ASSIGN_OR_RETURN(StudyCapture capture,
@@ -320,48 +239,32 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   if (!o.dump_path.empty()) {
     KVQ_RETURN_IF_ERROR(WriteCaptureSafetensors(capture, config, model.path, o.dump_path));
   }
-  const double capture_seconds = Since(t0);
-
-  // 2. Outliers and sinks.
+  timings["capture"] = Since(t0);
   t0 = Clock::now();
   const std::vector<LayerOutliers> outliers =
       AnalyzeOutliers(capture, [&](int64_t d, int64_t n) { report("outliers", "layer", d, n); });
-  out["outliers"] = OutliersJson(outliers, capture.tokens);
-  const double outlier_seconds = Since(t0);
-
-  // 3. Fake quantization.
+  out["outliers"] =
+      OutliersJson(outliers, capture.tokens, capture.token_ids, model.tokenizer.get(), bias_norms);
+  timings["outliers"] = Since(t0);
   t0 = Clock::now();
-  std::vector<FakeQuantRow> rows = StudyFakeQuantRows(o.fake_quant_bits);
+  std::vector<FakeQuantRow> rows = StudyFakeQuantRows(o.fake_quant_bits, o.token_group);
   FakeQuantOptions fq;
-  fq.token_group = o.token_group;
+  fq.threads = o.threads;
   KVQ_ASSIGN_OR_RETURN(fq.rope, MakeRopeApplier(config));
   KVQ_RETURN_IF_ERROR(RunFakeQuant(
       capture, fq, &rows, [&](int64_t d, int64_t n) { report("fake_quant", "layer", d, n); }));
-  out["fake_quant"] = FakeQuantJson(rows, capture.tokens, o.token_group);
-  const double fake_quant_seconds = Since(t0);
-  capture = StudyCapture();  // free the captured tensors before the end-to-end runs
+  out["fake_quant"] = FakeQuantJson(rows, capture.tokens, o.token_group, config.head_dim);
+  timings["fake_quant"] = Since(t0);
+  return Status::Ok();
+}
 
-  // 4. End to end: the f16 cache first (the baseline every KL is against).
-  t0 = Clock::now();
-  std::vector<SchemeSpec> schemes = o.schemes;
-  auto is_f16 = [](const SchemeSpec& s) {
-    return s.k_type == "f16" && s.v_type == "f16" && !s.rotate && s.policy.empty();
-  };
-  auto base_it = std::find_if(schemes.begin(), schemes.end(), is_f16);
-  if (base_it == schemes.end()) {
-    schemes.insert(schemes.begin(), SchemeSpec{"f16", "f16", "f16", false, ""});
-  } else {
-    std::rotate(schemes.begin(), base_it, base_it + 1);
-  }
-  report("calibration", "kvquant", 0, 1);
-  std::string calibration_path;
-  auto calibration =
-      PrepareCalibration(model, tokens, windows * o.context, schemes, o, &calibration_path);
-  if (!calibration.ok()) return calibration.status().WithContext("KVQuant calibration");
-  out["calibration"] = std::move(*calibration);
-  report("calibration", "kvquant", 1, 1);
+// Stage 4: every scheme through the real cache (the f16 cache first).
+Status RunEndToEndStage(LoadedModel& model, const std::string& text,
+                        const std::vector<SchemeSpec>& schemes, const std::string& calibration,
+                        const StudyOptions& o, const Report& report, Json& out) {
+  const std::vector<int32_t> filler = model.tokenizer->Encode(text);
   EndToEndOptions e2e;
-  e2e.calibration_path = calibration_path;
+  e2e.calibration_path = calibration;
   e2e.perplexity.context = o.context;
   e2e.perplexity.batch = o.batch;
   e2e.perplexity.max_windows = o.chunks;
@@ -370,8 +273,7 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   e2e.threads = o.threads;
   Json scheme_list = Json::array();
   Json series = Json::array();
-  Status status = Status::Ok();
-  for (size_t i = 0; i < schemes.size() && status.ok(); ++i) {
+  for (size_t i = 0; i < schemes.size(); ++i) {
     const SchemeSpec& spec = schemes[i];
     auto result =
         RunSchemeEndToEnd(model, text, filler, spec, e2e, i == 0, [&](const SchemeProgress& p) {
@@ -379,28 +281,120 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
                      spec.name,
                  p.stage, p.done, p.total);
         });
-    if (!result.ok()) {
-      status = Status::Error("scheme " + spec.name + ": " + result.status().message());
-      break;
-    }
+    if (!result.ok())
+      return Status::Error("scheme " + spec.name + ": " + result.status().message());
     scheme_list.push_back(SchemeJson(*result));
     Json bytes = Json::array();
     for (int64_t c : o.memory_contexts) bytes.push_back(ExactKvBytes(result->plan.layout, 1, c));
     series.push_back({{"name", spec.name}, {"bytes", std::move(bytes)}});
   }
+  out["schemes"] = std::move(scheme_list);
+  out["memory"] = {{"contexts", o.memory_contexts}, {"series", std::move(series)}};
+  return Status::Ok();
+}
+
+Status RunNeedleStage(LoadedModel& model, const std::string& calibration, const StudyOptions& o,
+                      const Report& report, Json& out) {
+  int64_t longest = 0;
+  for (int64_t c : o.needle.options.contexts) longest = std::max(longest, c);
+  std::vector<NeedleScheme> schemes;
+  for (const SchemeSpec& spec : F16First(o.needle.schemes)) {
+    schemes.push_back({spec.name, CacheMaker(model, spec, longest, o.threads, calibration)});
+  }
+  KVQ_ASSIGN_OR_RETURN(
+      out["needle"],
+      RunNeedleStudy(model, schemes, o.needle.options, o.needle.dir, [&](const NeedleProgress& p) {
+        report("needle " + p.scheme, "trial", p.done, p.total);
+      }));
+  return Status::Ok();
+}
+
+Status RunGsm8kStage(LoadedModel& model, const std::string& calibration, const StudyOptions& o,
+                     const Report& report, Json& out) {
+  KVQ_ASSIGN_OR_RETURN(std::vector<Gsm8kProblem> data,
+                       LoadGsm8k(o.gsm8k.data_path, o.gsm8k.sha256sums_path));
+  const int64_t context = model.transformer->config().max_position_embeddings;
+  std::vector<Gsm8kScheme> schemes;
+  for (const SchemeSpec& spec : F16First(o.gsm8k.schemes)) {
+    schemes.push_back({spec.name, CacheMaker(model, spec, context, o.threads, calibration)});
+  }
+  KVQ_ASSIGN_OR_RETURN(out["gsm8k"],
+                       RunGsm8kStudy(model, data, schemes, o.gsm8k.options, o.gsm8k.dir,
+                                     o.gsm8k.data_path, [&](const Gsm8kProgress& p) {
+                                       report("gsm8k " + p.scheme, "problem", p.done, p.total);
+                                     }));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const StudyOptions& o,
+                        const std::function<void(const StudyEvent&)>& progress) {
+  const auto t_start = Clock::now();
+  const Report report = [&](const std::string& stage, const std::string& detail, int64_t done,
+                            int64_t total) {
+    if (progress) progress({stage, detail, done, total});
+  };
+  const std::vector<int32_t> tokens = PerplexityTokens(model, text);  // BOS first if the model adds
+  if (o.core) KVQ_RETURN_IF_ERROR(ValidateStudy(model, tokens, o));
+  if (!o.core && !o.needle.run && !o.gsm8k.run) return Status::Error("no study stage to run");
+
+  Json out;
+  out["kvq_study_version"] = kStudyVersion;
+  out["created_utc"] = UtcNow();
+  out["command"] = o.command;
+  out["quick"] = o.quick;
+  KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(model.transformer->files()));
+  out["model"] = ModelJson(model, bias_norms);
+  // prefix_tokens: the perplexity windows and the capture read the text's
+  // first tokens; passkey filler comes from seeded offsets anywhere in it
+  // (version 1 called this tokens_used, which the filler made untrue).
+  const int64_t windows = !o.core        ? 0
+                          : o.chunks > 0 ? std::min<int64_t>(o.chunks, tokens.size() / o.context)
+                                         : static_cast<int64_t>(tokens.size()) / o.context;
+  out["text"] = {{"path", o.text_path},
+                 {"prefix_tokens", o.core ? std::max(windows * o.context, o.capture_tokens) : 0},
+                 {"text_tokens", static_cast<int64_t>(tokens.size())},
+                 {"perplexity_windows", windows},
+                 {"perplexity_context", o.context}};
+  Json timings = Json::object();
+  if (o.core) {
+    KVQ_RETURN_IF_ERROR(RunStructureStages(model, tokens, bias_norms, o, report, out, timings));
+  }
+  const std::vector<SchemeSpec> schemes = F16First(o.schemes);
+  std::vector<SchemeSpec> all;  // every cache any stage builds (for the calibration)
+  if (o.core) all = schemes;
+  if (o.needle.run) all.insert(all.end(), o.needle.schemes.begin(), o.needle.schemes.end());
+  if (o.gsm8k.run) all.insert(all.end(), o.gsm8k.schemes.begin(), o.gsm8k.schemes.end());
+  report("calibration", "kvquant", 0, 1);
+  std::string calibration_path;
+  auto calibration =
+      PrepareCalibration(model, tokens, windows * o.context, all, o, &calibration_path);
+  if (!calibration.ok()) return calibration.status().WithContext("KVQuant calibration");
+  out["calibration"] = std::move(*calibration);
+  report("calibration", "kvquant", 1, 1);
+
+  Status status = Status::Ok();
+  auto stage = [&](const char* name, bool run, const std::function<Status()>& body) {
+    if (!run || !status.ok()) return;
+    const auto t0 = Clock::now();
+    status = body();
+    timings[name] = Since(t0);
+  };
+  stage("end_to_end", o.core,
+        [&] { return RunEndToEndStage(model, text, schemes, calibration_path, o, report, out); });
+  stage("needle", o.needle.run,
+        [&] { return RunNeedleStage(model, calibration_path, o, report, out); });
+  stage("gsm8k", o.gsm8k.run,
+        [&] { return RunGsm8kStage(model, calibration_path, o, report, out); });
   std::error_code ignored;
   std::filesystem::remove(o.baseline_logits_path, ignored);
   if (calibration_path == o.calibration_scratch_path && !calibration_path.empty()) {
     std::filesystem::remove(calibration_path, ignored);
   }
   KVQ_RETURN_IF_ERROR(status);
-  out["schemes"] = std::move(scheme_list);
-  out["memory"] = {{"contexts", o.memory_contexts}, {"series", std::move(series)}};
-  out["timings_seconds"] = {{"capture", capture_seconds},
-                            {"outliers", outlier_seconds},
-                            {"fake_quant", fake_quant_seconds},
-                            {"end_to_end", Since(t0)},
-                            {"total", Since(t_start)}};
+  timings["total"] = Since(t_start);
+  out["timings_seconds"] = std::move(timings);
   return out;
 }
 

@@ -1,8 +1,9 @@
 // kvq study: for one model and text, capture the real K/V, measure their
-// outlier structure, fake-quantize them (SCHEMES.md's experiment, corrected),
+// structure (outlier channels, k_proj bias, attention sinks, statistics),
+// fake-quantize them (the write-up's experiment as written and corrected),
 // run every cache scheme end to end (perplexity, KL, top-1, passkey recall,
-// bytes), and return every number as the JSON object that
-// /work/wt/STUDY_SCHEMA.md (docs/study.md) fixes. The CLI prints a table
+// bytes), optionally needle-in-a-haystack and GSM8K per scheme, and return
+// every number as the JSON object docs/study.md documents. The CLI prints a table
 // from it and the report renders it.
 #pragma once
 
@@ -16,8 +17,15 @@
 #include "engine/calibrate.h"
 #include "engine/loaded_model.h"
 #include "engine/study_e2e.h"
+#include "engine/study_gsm8k.h"
+#include "engine/study_niah.h"
 
 namespace kvq {
+
+// Version 2: the per-channel statistics are named for what they hold
+// (`*_channel_mean_abs`, `k_pre_rope_outlier_consistency`), the fake-quant
+// rows are the write-up's as written plus the corrected ones, with claims.
+inline constexpr int kStudyVersion = 2;
 
 struct StudyOptions {
   std::string model_path;  // for the JSON header
@@ -47,6 +55,23 @@ struct StudyOptions {
   CalibrateOptions calibration;  // tokens, window, bits, outliers
   std::vector<int64_t> memory_contexts = {512, 1024, 2048, 4096, 8192, 16384, 32768};
   int threads = 1;
+  // Stages: capture, outliers, fake quantization and end to end ("core"),
+  // then optionally the needle-in-a-haystack and GSM8K stages, each with its
+  // own schemes (f16 is added first) and a results directory to resume from.
+  bool core = true;
+  struct NeedleStage {
+    bool run = false;
+    NeedleOptions options;
+    std::vector<SchemeSpec> schemes;
+    std::string dir;
+  } needle;
+  struct Gsm8kStage {
+    bool run = false;
+    Gsm8kOptions options;
+    std::vector<SchemeSpec> schemes;
+    std::string data_path, sha256sums_path;  // sums "" = unchecked
+    std::string dir;
+  } gsm8k;
 };
 
 struct StudyEvent {
@@ -72,6 +97,11 @@ std::string DefaultCorpusPath(const std::string& name);
 // The validation split when `study_text_path` is the default test split (so
 // KVQuant calibrates on held-out text of the same corpus), else "".
 std::string DefaultCalibrationTextPath(const std::string& study_text_path);
+
+// The GSM8K test split kvq's sessions share: ../shared/data/gsm8k/test.jsonl
+// from the working directory, the binary's source tree or the source dir; ""
+// if absent.
+std::string DefaultGsm8kPath();
 
 // A finite number, or null (JSON has no NaN / inf).
 nlohmann::json JsonNumber(double x);

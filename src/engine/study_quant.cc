@@ -40,6 +40,14 @@ double RowLse(const float* row, int64_t i) {
 struct Sums {
   double score_err = 0, score_ref = 0, kl = 0, out_err = 0, out_ref = 0;
   int64_t rows = 0;
+  void Add(const Sums& o) {
+    score_err += o.score_err;
+    score_ref += o.score_ref;
+    kl += o.kl;
+    out_err += o.out_err;
+    out_ref += o.out_ref;
+    rows += o.rows;
+  }
   FakeQuantMetrics Metrics() const {
     FakeQuantMetrics m;
     m.score_rel_error = score_ref > 0 ? std::sqrt(score_err / score_ref) : 0;
@@ -49,23 +57,39 @@ struct Sums {
   }
 };
 
+// A per-token choice ignores the group, so it is normalized to 0 there:
+// rows that differ only in an unused group share one pass.
 struct KChoice {
   QuantAxis axis;
   QuantFormula formula;
   bool pre_rope;
   int bits;
+  int64_t group;
   bool operator==(const KChoice& o) const {
-    return axis == o.axis && formula == o.formula && pre_rope == o.pre_rope && bits == o.bits;
+    return axis == o.axis && formula == o.formula && pre_rope == o.pre_rope && bits == o.bits &&
+           group == o.group;
   }
 };
 struct VChoice {
   QuantAxis axis;
   QuantFormula formula;
   int bits;
+  int64_t group;
   bool operator==(const VChoice& o) const {
-    return axis == o.axis && formula == o.formula && bits == o.bits;
+    return axis == o.axis && formula == o.formula && bits == o.bits && group == o.group;
   }
 };
+
+// The group along the quantized axis: channels for per-token, tokens for per-channel.
+int64_t GroupFor(QuantAxis axis, const FakeQuantRow& r) {
+  return axis == QuantAxis::kToken ? r.channel_group : r.token_group;
+}
+
+QuantSpec SpecFor(QuantAxis axis, int bits, QuantFormula formula, int64_t group) {
+  QuantSpec spec{axis, bits, formula, 32, 0};
+  (axis == QuantAxis::kToken ? spec.channel_group : spec.token_group) = group;
+  return spec;
+}
 
 template <typename T>
 size_t IndexOf(std::vector<T>& list, const T& item) {
@@ -75,10 +99,101 @@ size_t IndexOf(std::vector<T>& list, const T& item) {
   return list.size() - 1;
 }
 
+struct HeadBuffers {
+  HeadBuffers(int64_t T, int64_t d)
+      : qh(T * d),
+        kh(T * d),
+        vh(T * d),
+        s_ref(T * T),
+        p_ref(T * T),
+        s_hat(T * T),
+        o_ref(T * d),
+        o_hat(T * d),
+        lse_ref(T) {}
+  std::vector<float> qh, kh, vh;           // [T, d]
+  std::vector<float> s_ref, p_ref, s_hat;  // [T, T]
+  std::vector<float> o_ref, o_hat;         // [T, d]
+  std::vector<double> lse_ref;             // [T]
+};
+
+struct HeadPassInputs {
+  const LayerCapture& c;
+  const std::vector<std::vector<float>>& k_q;  // [k choices][T, kvh, d]
+  const std::vector<std::vector<float>>& v_q;  // [v choices][T, kvh, d]
+  const std::vector<size_t>& row_k;            // [rows] -> k choice
+  const std::vector<size_t>& row_v;            // [rows] -> v choice
+  const KvShape& s;
+  int64_t T;
+};
+
+// Every row's sums for query head h of one layer.
+std::vector<Sums> HeadPass(const HeadPassInputs& in, int64_t h, HeadBuffers& b) {
+  const KvShape& s = in.s;
+  const int64_t T = in.T, d = s.head_dim;
+  const int64_t g = h / (s.num_heads / s.num_kv_heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<Sums> sums(in.row_k.size());
+  ExtractHead(in.c.q.data(), T, s.num_heads, d, h, b.qh.data());
+  ExtractHead(in.c.k.data(), T, s.num_kv_heads, d, g, b.kh.data());
+  ExtractHead(in.c.v.data(), T, s.num_kv_heads, d, g, b.vh.data());
+  CausalScores(b.qh.data(), b.kh.data(), T, d, scale, b.s_ref.data());
+  double score_ref = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    b.lse_ref[i] = RowLse(b.s_ref.data() + i * T, i);
+    for (int64_t j = 0; j <= i; ++j) {
+      const double x = b.s_ref[i * T + j];
+      score_ref += x * x;
+      b.p_ref[i * T + j] = static_cast<float>(std::exp(x - b.lse_ref[i]));
+    }
+  }
+  CausalOutput(b.p_ref.data(), b.vh.data(), T, d, b.o_ref.data());
+  double out_ref = 0;
+  for (float x : b.o_ref) out_ref += static_cast<double>(x) * x;
+  for (size_t ki = 0; ki < in.k_q.size(); ++ki) {
+    ExtractHead(in.k_q[ki].data(), T, s.num_kv_heads, d, g, b.kh.data());
+    CausalScores(b.qh.data(), b.kh.data(), T, d, scale, b.s_hat.data());
+    double score_err = 0, kl = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      float* row = b.s_hat.data() + i * T;
+      const double lse = RowLse(row, i);
+      for (int64_t j = 0; j <= i; ++j) {
+        const double ref = b.s_ref[i * T + j], hat = row[j];
+        score_err += (hat - ref) * (hat - ref);
+        // KL from log-probabilities, so an underflowed p^ cannot blow up.
+        kl += b.p_ref[i * T + j] * ((ref - b.lse_ref[i]) - (hat - lse));
+        row[j] = static_cast<float>(std::exp(hat - lse));  // now P^
+      }
+    }
+    for (size_t r = 0; r < in.row_k.size(); ++r) {
+      if (in.row_k[r] != ki) continue;
+      ExtractHead(in.v_q[in.row_v[r]].data(), T, s.num_kv_heads, d, g, b.vh.data());
+      CausalOutput(b.s_hat.data(), b.vh.data(), T, d, b.o_hat.data());
+      double out_err = 0;
+      for (int64_t i = 0; i < T * d; ++i) {
+        const double e = static_cast<double>(b.o_hat[i]) - b.o_ref[i];
+        out_err += e * e;
+      }
+      sums[r] = Sums{score_err, score_ref, kl, out_err, out_ref, T};
+    }
+  }
+  return sums;
+}
+
 }  // namespace
 
 const char* QuantAxisName(QuantAxis axis) {
   return axis == QuantAxis::kToken ? "token" : "channel";
+}
+
+const char* FakeQuantFamilyName(FakeQuantFamily family) {
+  switch (family) {
+    case FakeQuantFamily::kWriteup:
+      return "writeup";
+    case FakeQuantFamily::kKvQuant:
+      return "kvquant";
+    default:
+      return "corrected";
+  }
 }
 
 void FakeQuantGroup(const float* x, int64_t n, int64_t stride, int bits, QuantFormula formula,
@@ -120,13 +235,17 @@ void FakeQuantGroup(const float* x, int64_t n, int64_t stride, int bits, QuantFo
 void FakeQuantize(const float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                   const QuantSpec& spec, float* out) {
   if (spec.axis == QuantAxis::kToken) {
+    const int64_t width = spec.channel_group > 0 ? spec.channel_group : head_dim;
     for (int64_t r = 0; r < tokens * heads; ++r) {
-      FakeQuantGroup(x + r * head_dim, head_dim, 1, spec.bits, spec.formula, out + r * head_dim);
+      for (int64_t c0 = 0; c0 < head_dim; c0 += width) {
+        FakeQuantGroup(x + r * head_dim + c0, std::min(width, head_dim - c0), 1, spec.bits,
+                       spec.formula, out + r * head_dim + c0);
+      }
     }
     return;
   }
   const int64_t stride = heads * head_dim;
-  const int64_t group = std::max<int64_t>(1, spec.token_group);
+  const int64_t group = spec.token_group > 0 ? spec.token_group : std::max<int64_t>(tokens, 1);
   for (int64_t t0 = 0; t0 < tokens; t0 += group) {
     const int64_t n = std::min(group, tokens - t0);
     for (int64_t c = 0; c < stride; ++c) {
@@ -167,28 +286,36 @@ void CausalOutput(const float* probs, const float* v, int64_t tokens, int64_t he
   }
 }
 
-std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits) {
+std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits, int64_t kivi_group) {
   std::vector<FakeQuantRow> rows;
+  const auto tok = QuantAxis::kToken, ch = QuantAxis::kChannel;
+  // The write-up's groupings, in its order (kWriteupGroupings).
+  const QuantAxis axes[4][2] = {{tok, tok}, {ch, ch}, {ch, tok}, {tok, ch}};
   for (int b : bits) {
-    auto add = [&](std::string name, QuantAxis k, QuantAxis v, QuantFormula f, bool pre) {
+    auto add = [&](std::string name, FakeQuantFamily family, QuantAxis k, QuantAxis v,
+                   QuantFormula f, bool pre, int64_t group) {
       FakeQuantRow row;
       row.name = std::move(name);
+      row.family = family;
       row.k_axis = k;
       row.v_axis = v;
       row.formula = f;
       row.k_pre_rope = pre;
       row.bits = b;
+      row.token_group = group;
+      row.channel_group = family == FakeQuantFamily::kWriteup ? 0 : group;
       rows.push_back(std::move(row));
     };
-    const auto tok = QuantAxis::kToken, ch = QuantAxis::kChannel;
-    const auto asym = QuantFormula::kAsymmetric, lit = QuantFormula::kLiteralWriteup;
-    add("K,V per-token", tok, tok, asym, false);
-    add("K,V per-channel", ch, ch, asym, false);
-    add("K per-channel, V per-token (KIVI)", ch, tok, asym, false);
-    add("K per-token, V per-channel", tok, ch, asym, false);
-    add("K per-channel pre-RoPE, V per-token (KVQuant-style)", ch, tok, asym, true);
-    add("LITERAL write-up formula (2^(b+1) levels): K,V per-token", tok, tok, lit, false);
-    add("LITERAL write-up formula (2^(b+1) levels): K,V per-channel", ch, ch, lit, false);
+    for (int g = 0; g < 4; ++g) {
+      add(std::string(kWriteupPrefix) + kWriteupGroupings[g], FakeQuantFamily::kWriteup, axes[g][0],
+          axes[g][1], QuantFormula::kLiteralWriteup, false, 0);
+    }
+    for (int g = 0; g < 4; ++g) {
+      add(std::string(kCorrectedPrefix) + kWriteupGroupings[g], FakeQuantFamily::kCorrected,
+          axes[g][0], axes[g][1], QuantFormula::kAsymmetric, false, kivi_group);
+    }
+    add("K per-channel pre-RoPE, V per-token (KVQuant-style)", FakeQuantFamily::kKvQuant, ch, tok,
+        QuantFormula::kAsymmetric, true, kivi_group);
   }
   return rows;
 }
@@ -209,25 +336,24 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
     if (r.k_pre_rope && !options.rope) {
       return Status::Error("fake quant: a pre-RoPE row needs the model's RoPE");
     }
-    row_k.push_back(IndexOf(k_choices, KChoice{r.k_axis, r.formula, r.k_pre_rope, r.bits}));
-    row_v.push_back(IndexOf(v_choices, VChoice{r.v_axis, r.formula, r.bits}));
+    if (r.token_group < 0 || r.channel_group < 0) {
+      return Status::Error("fake quant: groups must be >= 0");
+    }
+    row_k.push_back(IndexOf(
+        k_choices, KChoice{r.k_axis, r.formula, r.k_pre_rope, r.bits, GroupFor(r.k_axis, r)}));
+    row_v.push_back(
+        IndexOf(v_choices, VChoice{r.v_axis, r.formula, r.bits, GroupFor(r.v_axis, r)}));
   }
   const int64_t kv_elems = T * s.num_kv_heads * d;
-  const int64_t group = s.num_heads / s.num_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<Sums> total(rows->size());
   std::vector<std::vector<Sums>> per_layer(rows->size(), std::vector<Sums>(s.num_layers));
-
   std::vector<std::vector<float>> k_q(k_choices.size()), v_q(v_choices.size());  // [T, kvh, d]
-  std::vector<float> qh(T * d), kh(T * d), vh(T * d);                            // [T, d]
-  std::vector<float> s_ref(T * T), p_ref(T * T), s_hat(T * T);                   // [T, T]
-  std::vector<float> o_ref(T * d), o_hat(T * d);                                 // [T, d]
-  std::vector<double> lse_ref(T);                                                // [T]
+  std::vector<std::vector<Sums>> head_sums(s.num_heads);  // [heads][rows], one layer
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const LayerCapture& c = capture.layers[l];
     for (size_t i = 0; i < k_choices.size(); ++i) {
       const KChoice& kc = k_choices[i];
-      QuantSpec spec{kc.axis, kc.bits, kc.formula, options.token_group};
+      const QuantSpec spec = SpecFor(kc.axis, kc.bits, kc.formula, kc.group);
       k_q[i].resize(kv_elems);
       FakeQuantize(kc.pre_rope ? c.k_pre_rope.data() : c.k.data(), T, s.num_kv_heads, d, spec,
                    k_q[i].data());
@@ -235,62 +361,24 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
     }
     for (size_t i = 0; i < v_choices.size(); ++i) {
       const VChoice& vc = v_choices[i];
-      QuantSpec spec{vc.axis, vc.bits, vc.formula, options.token_group};
+      const QuantSpec spec = SpecFor(vc.axis, vc.bits, vc.formula, vc.group);
       v_q[i].resize(kv_elems);
       FakeQuantize(c.v.data(), T, s.num_kv_heads, d, spec, v_q[i].data());
     }
-    for (int64_t h = 0; h < s.num_heads; ++h) {
-      const int64_t g = h / group;
-      ExtractHead(c.q.data(), T, s.num_heads, d, h, qh.data());
-      ExtractHead(c.k.data(), T, s.num_kv_heads, d, g, kh.data());
-      ExtractHead(c.v.data(), T, s.num_kv_heads, d, g, vh.data());
-      CausalScores(qh.data(), kh.data(), T, d, scale, s_ref.data());
-      double score_ref = 0;
-      for (int64_t i = 0; i < T; ++i) {
-        lse_ref[i] = RowLse(s_ref.data() + i * T, i);
-        for (int64_t j = 0; j <= i; ++j) {
-          const double x = s_ref[i * T + j];
-          score_ref += x * x;
-          p_ref[i * T + j] = static_cast<float>(std::exp(x - lse_ref[i]));
-        }
+    const HeadPassInputs in{c, k_q, v_q, row_k, row_v, s, T};
+    // Heads in parallel, each into its own sums; they are added in head
+    // order below, so the result does not depend on the thread count.
+#pragma omp parallel num_threads(std::max(1, options.threads))
+    {
+      HeadBuffers buffers(T, d);
+#pragma omp for schedule(dynamic)
+      for (int64_t h = 0; h < s.num_heads; ++h) {
+        head_sums[h] = HeadPass(in, h, buffers);
       }
-      CausalOutput(p_ref.data(), vh.data(), T, d, o_ref.data());
-      double out_ref = 0;
-      for (float x : o_ref) out_ref += static_cast<double>(x) * x;
-
-      for (size_t ki = 0; ki < k_choices.size(); ++ki) {
-        ExtractHead(k_q[ki].data(), T, s.num_kv_heads, d, g, kh.data());
-        CausalScores(qh.data(), kh.data(), T, d, scale, s_hat.data());
-        double score_err = 0, kl = 0;
-        for (int64_t i = 0; i < T; ++i) {
-          float* row = s_hat.data() + i * T;
-          const double lse = RowLse(row, i);
-          for (int64_t j = 0; j <= i; ++j) {
-            const double ref = s_ref[i * T + j], hat = row[j];
-            score_err += (hat - ref) * (hat - ref);
-            // KL from log-probabilities, so an underflowed p^ cannot blow up.
-            kl += p_ref[i * T + j] * ((ref - lse_ref[i]) - (hat - lse));
-            row[j] = static_cast<float>(std::exp(hat - lse));  // now P^
-          }
-        }
-        for (size_t r = 0; r < rows->size(); ++r) {
-          if (row_k[r] != ki) continue;
-          ExtractHead(v_q[row_v[r]].data(), T, s.num_kv_heads, d, g, vh.data());
-          CausalOutput(s_hat.data(), vh.data(), T, d, o_hat.data());
-          double out_err = 0;
-          for (int64_t i = 0; i < T * d; ++i) {
-            const double e = static_cast<double>(o_hat[i]) - o_ref[i];
-            out_err += e * e;
-          }
-          for (Sums* sums : {&total[r], &per_layer[r][l]}) {
-            sums->score_err += score_err;
-            sums->score_ref += score_ref;
-            sums->kl += kl;
-            sums->out_err += out_err;
-            sums->out_ref += out_ref;
-            sums->rows += T;
-          }
-        }
+    }
+    for (int64_t h = 0; h < s.num_heads; ++h) {
+      for (size_t r = 0; r < rows->size(); ++r) {
+        for (Sums* sums : {&total[r], &per_layer[r][l]}) sums->Add(head_sums[h][r]);
       }
     }
     if (on_layer) on_layer(l + 1, s.num_layers);

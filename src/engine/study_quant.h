@@ -11,10 +11,13 @@
 //   "2-bit" grid has 8 levels: a 3-bit symmetric quantizer).
 // Axes, for a [tokens, heads, head_dim] tensor:
 // - per-token: one group = the head_dim channels of one (token, head) (the
-//   whole head vector, 64 or 128 values: like a cache's per-token row);
+//   whole head vector, 64 or 128 values: like a cache's per-token row), or
+//   consecutive blocks of `channel_group` of them (KIVI's V groups of 32);
 // - per-channel: one group = one channel of one head over a block of
-//   `token_group` consecutive tokens (KIVI's G, default 32); the last block
-//   may be shorter.
+//   `token_group` consecutive tokens (KIVI's G, default 32; the last block
+//   may be shorter), or over the WHOLE sequence when token_group is 0 (what
+//   the write-up's fake_quant does: its per-channel scale is the absmax of a
+//   channel over every captured token).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +40,8 @@ struct QuantSpec {
   QuantAxis axis = QuantAxis::kToken;
   int bits = 4;
   QuantFormula formula = QuantFormula::kAsymmetric;
-  int64_t token_group = 32;  // per-channel: tokens per statistics block
+  int64_t token_group = 32;   // per-channel: tokens per statistics block (0 = all tokens)
+  int64_t channel_group = 0;  // per-token: channels per block (0 = the whole head vector)
 };
 
 // x, out: [tokens, heads, head_dim]; out may not alias x.
@@ -60,23 +64,48 @@ struct FakeQuantMetrics {
   double output_rel_error = 0;  // ||O^ - O||_F / ||O||_F
 };
 
+// Which experiment a row belongs to: the write-up's fake_quant as written
+// (its formula, per-channel over the whole sequence, post-RoPE K), the same
+// four groupings with correct b-bit quantizers and KIVI's 32-token groups,
+// or KVQuant's pre-RoPE per-channel K.
+enum class FakeQuantFamily { kWriteup, kCorrected, kKvQuant };
+const char* FakeQuantFamilyName(FakeQuantFamily family);  // "writeup" / "corrected" / "kvquant"
+
 struct FakeQuantRow {
   std::string name;
+  FakeQuantFamily family = FakeQuantFamily::kCorrected;
   QuantAxis k_axis = QuantAxis::kToken, v_axis = QuantAxis::kToken;
   QuantFormula formula = QuantFormula::kAsymmetric;
   bool k_pre_rope = false;  // K quantized before RoPE, RoPE applied after dequantization
   int bits = 4;
+  int64_t token_group = 32;   // per-channel statistics block, tokens (0 = the whole sequence)
+  int64_t channel_group = 0;  // per-token statistics block, channels (0 = the head vector)
   FakeQuantMetrics overall;
   std::vector<FakeQuantMetrics> per_layer;  // [num_layers]
 };
 
-// The rows the study reports: SCHEMES.md's four (correct formula), the
-// write-up's literal formula on its two distinct K choices, and KVQuant's
-// pre-RoPE per-channel K with per-token V; each at every bit width.
-std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits);
+// The rows the study reports, at every bit width: the write-up's four rows
+// as written (literal formula, per-channel over the whole sequence, per-token
+// over the head vector), the same four with correct b-bit quantizers and
+// KIVI's groups (per-channel over `kivi_group` tokens, per-token over
+// `kivi_group` channels), and KVQuant's pre-RoPE per-channel K with per-token
+// V (KIVI's groups too).
+std::vector<FakeQuantRow> StudyFakeQuantRows(const std::vector<int>& bits, int64_t kivi_group = 32);
+
+// The four groupings of the write-up's table, in its order; the row names
+// of both the writeup and corrected families are "<prefix><grouping>".
+inline constexpr const char* kWriteupGroupings[4] = {"K,V per-token", "K,V per-channel",
+                                                     "K per-channel, V per-token (KIVI)",
+                                                     "K per-token, V per-channel"};
+inline constexpr const char* kWriteupPrefix = "as written: ";
+inline constexpr const char* kCorrectedPrefix = "corrected: ";
+// The score errors the write-up reported for Qwen2.5-0.5B (SCHEMES.md), per
+// grouping, at 2 and 4 bits: quoted figures, not measurements.
+inline constexpr double kWriteupReported[4][2] = {
+    {0.786, 0.401}, {0.623, 0.215}, {0.623, 0.215}, {0.786, 0.401}};
 
 struct FakeQuantOptions {
-  int64_t token_group = 32;  // per-channel block (KIVI's G)
+  int threads = 1;  // query heads in parallel (the result does not depend on it)
   // The model's RoPE (MakeRopeApplier); needed only by k_pre_rope rows.
   RopeApplier rope;
 };

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/study.h"
+#include "engine/study_report_internal.h"
 #include "engine/study_report_json.h"
 
 // The chart bundles, from the generated assembler file (cmake/vega_assets.cmake).
@@ -51,11 +53,16 @@ struct KnownChart {
 };
 constexpr KnownChart kKnownCharts[] = {
     {"outlier-heatmap", "outlier structure (outliers)"},
+    {"k-bias", "k_proj bias norms (outliers.k_bias)"},
+    {"sinks", "attention sinks (outliers.layers[*].sink_mass_per_head)"},
+    {"tensor-stats", "K/V value statistics (outliers.layers[*].v_stats)"},
     {"fake-quant", "fake-quant comparison (fake_quant)"},
     {"fake-quant-layers", "per-layer fake-quant errors (fake_quant.rows[*].per_layer)"},
     {"pareto", "end-to-end schemes (schemes)"},
     {"memory", "memory plan (memory)"},
-    {"recall", "passkey recall (schemes[*].recall)"}};
+    {"recall", "passkey recall (schemes[*].recall)"},
+    {"needle", "needle in a haystack (needle; kvq study --niah or --full)"},
+    {"gsm8k", "GSM8K reasoning (gsm8k; kvq study --gsm8k-problems N or --full)"}};
 
 std::string Format(const char* format, double x) {
   char buf[64];
@@ -107,9 +114,12 @@ StatusOr<std::string> Header(const json& study) {
   KVQ_ASSIGN_OR_RETURN(const json* text, ObjectMember(study, "text", ""));
   if (text != nullptr) {
     KVQ_ASSIGN_OR_RETURN(std::string path, StringMember(*text, "path", "text"));
-    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> tokens, IntMember(*text, "tokens_used", "text"));
-    item("text", "<code>" + EscapeHtml(path) + "</code>" +
-                     (tokens ? ", " + std::to_string(*tokens) + " tokens used" : ""));
+    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> tokens, IntMember(*text, "prefix_tokens", "text"));
+    item("text",
+         "<code>" + EscapeHtml(path) + "</code>" +
+             (tokens ? ", its first " + std::to_string(*tokens) +
+                           " tokens for perplexity and capture (passkey filler from all of it)"
+                     : ""));
   }
   KVQ_ASSIGN_OR_RETURN(std::string command, StringMember(study, "command", ""));
   if (!command.empty()) item("command", "<code>" + EscapeHtml(command) + "</code>");
@@ -218,7 +228,8 @@ StatusOr<std::string> OutlierTable(const json& study) {
   }
   std::string out = "<div class=\"scroll\"><table>\n";
   out += Row({"layer", "KV head", "K outlier channels (pre-RoPE)", "consistency",
-              "k_proj bias norm", "sink mass (layer)"},
+              "K outlier channels (post-RoPE)", "V outlier channels", "k_proj bias norm",
+              "sink mass (layer)"},
              "th");
   for (size_t i = 0; i < layers->size(); ++i) {
     const std::string path = Index("outliers.layers", i);
@@ -228,9 +239,13 @@ StatusOr<std::string> OutlierTable(const json& study) {
     KVQ_ASSIGN_OR_RETURN(const json* channels,
                          ArrayMember(layer, "k_pre_rope_outlier_channels", path));
     KVQ_ASSIGN_OR_RETURN(const json* consistency,
-                         ArrayMember(layer, "k_outlier_consistency", path));
+                         ArrayMember(layer, "k_pre_rope_outlier_consistency", path));
+    KVQ_ASSIGN_OR_RETURN(const json* post,
+                         ArrayMember(layer, "k_post_rope_outlier_channels", path));
+    KVQ_ASSIGN_OR_RETURN(const json* v_channels, ArrayMember(layer, "v_outlier_channels", path));
     KVQ_ASSIGN_OR_RETURN(std::optional<double> sink, NumberMember(layer, "sink_mass", path));
-    KVQ_ASSIGN_OR_RETURN(const json* absmax, ArrayMember(layer, "k_pre_rope_channel_absmax", path));
+    KVQ_ASSIGN_OR_RETURN(const json* absmax,
+                         ArrayMember(layer, "k_pre_rope_channel_mean_abs", path));
     size_t heads = 0;
     for (const json* per_head : {channels, consistency, absmax}) {
       if (per_head != nullptr) heads = std::max(heads, per_head->size());
@@ -239,7 +254,8 @@ StatusOr<std::string> OutlierTable(const json& study) {
       std::optional<double> consistent, bias;
       if (consistency != nullptr && h < consistency->size()) {
         KVQ_ASSIGN_OR_RETURN(
-            consistent, AsNumber((*consistency)[h], Index(Join(path, "k_outlier_consistency"), h)));
+            consistent,
+            AsNumber((*consistency)[h], Index(Join(path, "k_pre_rope_outlier_consistency"), h)));
       }
       const size_t layer_slot = static_cast<size_t>(l);
       if (bias_norms != nullptr && l >= 0 && layer_slot < bias_norms->size() &&
@@ -247,19 +263,22 @@ StatusOr<std::string> OutlierTable(const json& study) {
         KVQ_ASSIGN_OR_RETURN(bias, AsNumber((*bias_norms)[layer_slot][h],
                                             Index(Index("model.k_bias_norms", layer_slot), h)));
       }
-      const std::string channel_cell = channels != nullptr && h < channels->size()
-                                           ? ChannelList((*channels)[h])
-                                           : std::string(kMissing);
-      out += Row({std::to_string(l), std::to_string(h), channel_cell,
-                  consistent ? Format("%.0f%%", 100.0 * *consistent) : kMissing, Cell(bias, "%.3g"),
-                  h == 0 ? Cell(sink, "%.3f") : ""});
+      auto list = [h](const json* per_head) {
+        return per_head != nullptr && h < per_head->size() ? ChannelList((*per_head)[h])
+                                                           : std::string(kMissing);
+      };
+      out += Row({std::to_string(l), std::to_string(h), list(channels),
+                  consistent ? Format("%.0f%%", 100.0 * *consistent) : kMissing, list(post),
+                  list(v_channels), Cell(bias, "%.3g"), h == 0 ? Cell(sink, "%.3f") : ""});
     }
   }
   out +=
       "</table></div>\n<p class=\"caption\">Outlier channels are those whose mean |x| exceeds 4 "
       "times the median channel of the head; <i>consistency</i> is the fraction of tokens whose "
       "largest channels include that set (near 100% means fixed outlier channels, the case "
-      "per-channel key quantization is designed for). The k_proj bias norm is added to every "
+      "per-channel key quantization is designed for). RoPE rotates channel pairs, so a "
+      "pre-RoPE outlier channel may vanish or move after RoPE. The k_proj bias norm is added to "
+      "every "
       "key of the head, so a large one makes a constant offset that per-channel scales absorb. "
       "<i>Sink mass</i> is the mean attention probability on the first token (attention sinks), "
       "which is why some schemes keep that token in full precision.</p>\n";
@@ -507,25 +526,18 @@ std::vector<ChartLibrary> EmbeddedChartLibraries() {
            {kvq_asset_vega_embed_js, kvq_asset_vega_embed_js_size}}};
 }
 
-StatusOr<std::string> RenderStudyReportHtml(const json& study) {
-  if (!study.is_object()) return Status::Error("study: expected a JSON object");
-  KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> version, IntMember(study, "kvq_study_version", ""));
-  if (!version || *version != 1) {
-    return Status::Error("study: kvq_study_version must be 1 (this report reads version 1), got " +
-                         (version ? std::to_string(*version) : std::string("none")));
-  }
-  KVQ_ASSIGN_OR_RETURN(std::vector<StudyChart> charts, BuildStudyCharts(study));
-  KVQ_ASSIGN_OR_RETURN(std::string header, Header(study));
-  KVQ_ASSIGN_OR_RETURN(std::string schemes_table, SchemesTable(study));
-  KVQ_ASSIGN_OR_RETURN(std::string outlier_table, OutlierTable(study));
+namespace study_report {
+
+std::string FormatNumber(const char* format, double x) { return Format(format, x); }
+
+std::string TableRow(const std::vector<std::string>& cells, const char* tag) {
+  return Row(cells, tag);
+}
+
+StatusOr<std::string> AssemblePage(const PageParts& parts) {
   const std::vector<ChartLibrary> libraries = EmbeddedChartLibraries();
   for (const ChartLibrary& library : libraries) KVQ_RETURN_IF_ERROR(CheckInlinable(library));
-
-  std::string model_name;
-  KVQ_ASSIGN_OR_RETURN(const json* model, ObjectMember(study, "model", ""));
-  if (model != nullptr) {
-    KVQ_ASSIGN_OR_RETURN(model_name, StringMember(*model, "path", "model"));
-  }
+  const std::vector<StudyChart>& charts = parts.charts;
   std::string html =
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       // Offline by construction: nothing may be fetched (a fetch would be a
@@ -535,32 +547,25 @@ StatusOr<std::string> RenderStudyReportHtml(const json& study) {
       "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
       "img-src data: blob:; font-src data:\">\n"
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-      "<title>kvq study" +
-      (model_name.empty() ? "" : ": " + EscapeHtml(model_name)) + "</title>\n<style>" + kStyle +
-      "</style>\n</head>\n<body>\n";
+      "<title>" +
+      EscapeHtml(parts.title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
   html += "<div id=\"kvq-status\" data-charts-expected=\"" + std::to_string(charts.size()) +
           "\" data-charts-ok=\"0\" data-charts-failed=\"0\" data-errors=\"0\" "
           "data-warnings=\"0\" data-done=\"0\">Rendering charts (needs JavaScript)</div>\n"
           "<ul id=\"kvq-errors\"></ul>\n<script>" +
           HealthScript(charts.size()) + "</script>\n";
-  html += header + schemes_table;
+  html += parts.body;
   for (const StudyChart& chart : charts) {
     html += "<section id=\"section-" + EscapeHtml(chart.id) + "\">\n<h2>" +
             EscapeHtml(chart.title) + "</h2>\n<div class=\"chart\" id=\"chart-" +
             EscapeHtml(chart.id) + "\" data-chart=\"" + EscapeHtml(chart.id) +
             "\"></div>\n<p class=\"caption\">" + EscapeHtml(chart.caption) + "</p>\n";
-    if (chart.id == "outlier-heatmap") html += outlier_table;
+    for (const auto& [id, extra] : parts.after_chart) {
+      if (id == chart.id) html += extra;
+    }
     html += "</section>\n";
   }
-  std::string left_out;
-  for (const KnownChart& known : kKnownCharts) {
-    const bool present = std::any_of(charts.begin(), charts.end(),
-                                     [&](const StudyChart& c) { return c.id == known.id; });
-    if (!present) left_out += std::string(left_out.empty() ? "" : "; ") + known.what;
-  }
-  if (!left_out.empty()) {
-    html += "<p class=\"caption\">Not in this study (no data): " + EscapeHtml(left_out) + ".</p>\n";
-  }
+  html += parts.note;
   html += "<footer>Written by kvq. Charts: ";
   for (size_t i = 0; i < libraries.size(); ++i) {
     html += std::string(i ? ", " : "") + EscapeHtml(libraries[i].name) + " " +
@@ -584,6 +589,54 @@ StatusOr<std::string> RenderStudyReportHtml(const json& study) {
   html += "<script type=\"application/json\" id=\"kvq-charts\">" + JsonForScript(chart_data) +
           "</script>\n<script>" + kChartScript + "</script>\n</body>\n</html>\n";
   return html;
+}
+
+Status CheckStudyVersion(const json& study, const std::string& what) {
+  if (!study.is_object()) return Status::Error(what + ": expected a JSON object");
+  KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> version, IntMember(study, "kvq_study_version", ""));
+  if (!version || *version != kStudyVersion) {
+    return Status::Error(what + ": kvq_study_version must be " + std::to_string(kStudyVersion) +
+                         " (this report reads version " + std::to_string(kStudyVersion) +
+                         "; re-run kvq study for an older file), got " +
+                         (version ? std::to_string(*version) : std::string("none")));
+  }
+  return Status::Ok();
+}
+
+}  // namespace study_report
+
+StatusOr<std::string> RenderStudyReportHtml(const json& study) {
+  KVQ_RETURN_IF_ERROR(study_report::CheckStudyVersion(study, "study"));
+  study_report::PageParts page;
+  KVQ_ASSIGN_OR_RETURN(page.charts, BuildStudyCharts(study));
+  KVQ_ASSIGN_OR_RETURN(std::string header, Header(study));
+  KVQ_ASSIGN_OR_RETURN(std::string schemes_table, SchemesTable(study));
+  KVQ_ASSIGN_OR_RETURN(std::string outlier_table, OutlierTable(study));
+  KVQ_ASSIGN_OR_RETURN(std::string claims_table, study_report::ClaimsTable(study));
+  KVQ_ASSIGN_OR_RETURN(std::string needle_table, study_report::NeedleTable(study));
+  KVQ_ASSIGN_OR_RETURN(std::string gsm8k_table, study_report::Gsm8kTable(study));
+  std::string model_name;
+  KVQ_ASSIGN_OR_RETURN(const json* model, ObjectMember(study, "model", ""));
+  if (model != nullptr) {
+    KVQ_ASSIGN_OR_RETURN(model_name, StringMember(*model, "path", "model"));
+  }
+  page.title = "kvq study" + (model_name.empty() ? "" : ": " + model_name);
+  page.body = header + schemes_table;
+  page.after_chart = {{"outlier-heatmap", outlier_table},
+                      {"fake-quant", claims_table},
+                      {"needle", needle_table},
+                      {"gsm8k", gsm8k_table}};
+  std::string left_out;
+  for (const KnownChart& known : kKnownCharts) {
+    const bool present = std::any_of(page.charts.begin(), page.charts.end(),
+                                     [&](const StudyChart& c) { return c.id == known.id; });
+    if (!present) left_out += std::string(left_out.empty() ? "" : "; ") + known.what;
+  }
+  if (!left_out.empty()) {
+    page.note =
+        "<p class=\"caption\">Not in this study (no data): " + EscapeHtml(left_out) + ".</p>\n";
+  }
+  return study_report::AssemblePage(page);
 }
 
 Status WriteStudyReport(const json& study, const std::string& path) {

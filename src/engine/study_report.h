@@ -1,5 +1,5 @@
 // The self-contained HTML report of `kvq study`: rendered from the study JSON
-// (the contract is STUDY_SCHEMA.md, version 1) and never recomputing a
+// (docs/study.md, kStudyVersion) and never recomputing a
 // measurement. Charts are Vega-Lite specs with their data inlined, drawn by
 // Vega, Vega-Lite and vega-embed, whose bundles are compiled into kvq
 // (cmake/vega_assets.cmake), so the page works offline and kvq needs no file
@@ -43,6 +43,12 @@ StatusOr<std::string> RenderStudyReportHtml(const nlohmann::json& study);
 
 // RenderStudyReportHtml, written to `path` (replaced if present).
 Status WriteStudyReport(const nlohmann::json& study, const std::string& path);
+
+// One page putting several models' studies side by side (each a study JSON
+// of this version): a table of the models, then charts faceted or coloured
+// by model for every section at least one study has.
+StatusOr<std::string> RenderComparisonReportHtml(const std::vector<nlohmann::json>& studies);
+Status WriteComparisonReport(const std::vector<nlohmann::json>& studies, const std::string& path);
 
 // Text safe inside HTML element content and quoted attribute values.
 std::string EscapeHtml(std::string_view text);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/study_report.h"
+#include "engine/study_report_internal.h"
 #include "engine/study_report_json.h"
 
 namespace kvq {
@@ -27,7 +28,7 @@ using study_json::NumberOrNull;
 using study_json::ObjectMember;
 using study_json::StringMember;
 
-using MaybeChart = std::optional<StudyChart>;
+using study_report::MaybeChart;
 
 // Appends `value` to the JSON array `order` unless already there.
 //
@@ -40,6 +41,10 @@ void AppendOnce(json& order, const json& value) {
   if (std::find(order.begin(), order.end(), value) == order.end()) order.push_back(value);
 }
 
+}  // namespace
+
+namespace study_report {
+
 json BaseSpec() {
   return json{{"$schema", "https://vega.github.io/schema/vega-lite/v5.json"},
               {"background", "white"},
@@ -50,7 +55,7 @@ json BaseSpec() {
 }
 
 json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_and_types,
-             const char* number_format = ".4~g") {
+             const char* number_format) {
   json out = json::array();
   for (const auto& [field, type] : fields_and_types) {
     json t = {{"field", field}, {"type", type}};
@@ -59,6 +64,32 @@ json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_a
   }
   return out;
 }
+
+json AccuracyHeatmap(const json& x, const json& y, const char* color_title, json tooltip, int step,
+                     int font_size) {
+  return {{"width", {{"step", step}}},
+          {"layer",
+           {{{"mark", "rect"},
+             {"encoding",
+              {{"x", x},
+               {"y", y},
+               {"color",
+                {{"field", "accuracy"},
+                 {"type", "quantitative"},
+                 {"title", color_title},
+                 {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
+                 {"legend", {{"format", ".0%"}}}}},
+               {"tooltip", std::move(tooltip)}}}},
+            {{"mark", {{"type", "text"}, {"fontSize", font_size}}},
+             {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+}
+
+}  // namespace study_report
+
+namespace {
+
+using study_report::BaseSpec;
+using study_report::Tooltip;
 
 // ---- 1. outlier heatmap --------------------------------------------------
 
@@ -74,9 +105,9 @@ StatusOr<MaybeChart> OutlierHeatmap(const json& study) {
     const char* key;
     const char* label;
   };
-  const Tensor tensors[] = {{"k_pre_rope_channel_absmax", "K pre-RoPE"},
-                            {"k_post_rope_channel_absmax", "K post-RoPE"},
-                            {"v_channel_absmax", "V"}};
+  const Tensor tensors[] = {{"k_pre_rope_channel_mean_abs", "K pre-RoPE"},
+                            {"k_post_rope_channel_mean_abs", "K post-RoPE"},
+                            {"v_channel_mean_abs", "V"}};
   json values = json::array();  // one row per (tensor, layer, KV head, channel)
   json row_order = json::array();
   json tensor_order = json::array();
@@ -259,16 +290,17 @@ StudyChart FakeQuantOverall(const FakeQuantData& data) {
   spec["resolve"] = {{"scale", {{"x", "independent"}}}};
   return StudyChart{
       "fake-quant", "Fake quantization of the captured K/V: error by grouping and bit width",
-      "The captured K and V are quantized and dequantized with b-bit asymmetric min/max "
-      "quantizers (2^b levels), one scale and offset per token vector (per-token) or per channel "
-      "over the tokens (per-channel), and attention is recomputed. Three errors against the "
-      "unquantized attention, over all layers: the relative Frobenius error of the pre-softmax "
-      "scores (the metric of the write-up reproduced in SCHEMES.md; it depends on K only, so rows "
-      "with the same K grouping tie), the mean KL divergence of the attention probabilities, and "
-      "the relative error of the attention output, the only one that sees V. Shorter bars are "
-      "better; each panel has its own scale. The row marked as the literal formula uses "
-      "that write-up's quantizer as written, which has 2^(b+1) levels: its '2-bit' is really a "
-      "3-bit grid.",
+      "The captured K and V are quantized, dequantized and attention is recomputed. Rows "
+      "'as written' reproduce the write-up's fake_quant: its symmetric formula (2^(b+1) levels: "
+      "its '2-bit' is really a 3-bit grid), one scale per channel over the whole sequence or per "
+      "token vector. Rows 'corrected' use true b-bit asymmetric min/max quantizers (2^b levels) "
+      "with KIVI's groups (per channel over 32 tokens, per token over 32 channels); the KVQuant "
+      "row quantizes K before RoPE. Three errors against the unquantized attention, over all "
+      "layers: the relative Frobenius error of the pre-softmax scores (the write-up's metric; it "
+      "depends on K only, so rows with the same K grouping tie), the mean KL divergence of the "
+      "attention probabilities, and the relative error of the attention output, the only one "
+      "that sees V. Shorter bars are better; each panel has its own scale. The table below says "
+      "which of the write-up's claims hold here, by how much.",
       std::move(spec)};
 }
 
@@ -562,26 +594,14 @@ StatusOr<MaybeChart> RecallChart(const json& study) {
   spec["facet"] = {
       {"column",
        {{"field", "context"}, {"type", "nominal"}, {"sort", context_order}, {"title", nullptr}}}};
-  spec["spec"] = {{"width", {{"step", 40}}},
-                  {"layer",
-                   {{{"mark", "rect"},
-                     {"encoding",
-                      {{"x", x},
-                       {"y", y},
-                       {"color",
-                        {{"field", "accuracy"},
-                         {"type", "quantitative"},
-                         {"title", "exact recall"},
-                         {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
-                         {"legend", {{"format", ".0%"}}}}},
-                       {"tooltip", Tooltip({{"scheme", "nominal"},
-                                            {"context", "nominal"},
-                                            {"depth", "quantitative"},
-                                            {"label", "nominal"},
-                                            {"accuracy", "quantitative"}},
-                                           ".0%")}}}},
-                    {{"mark", {{"type", "text"}, {"fontSize", 10}}},
-                     {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+  spec["spec"] = study_report::AccuracyHeatmap(x, y, "exact recall",
+                                               Tooltip({{"scheme", "nominal"},
+                                                        {"context", "nominal"},
+                                                        {"depth", "quantitative"},
+                                                        {"label", "nominal"},
+                                                        {"accuracy", "quantitative"}},
+                                                       ".0%"),
+                                               40, 10);
   return MaybeChart(StudyChart{
       "recall", "Exact recall of a passkey by depth",
       "A passkey is hidden at a given depth (fraction of the way into filler text) and asked for "
@@ -598,6 +618,11 @@ StatusOr<std::vector<StudyChart>> BuildStudyCharts(const json& study) {
   std::vector<StudyChart> charts;
   KVQ_ASSIGN_OR_RETURN(MaybeChart heatmap, OutlierHeatmap(study));
   if (heatmap) charts.push_back(std::move(*heatmap));
+  for (auto builder :
+       {study_report::KBiasChart, study_report::SinkChart, study_report::TensorStatsChart}) {
+    KVQ_ASSIGN_OR_RETURN(MaybeChart chart, builder(study));
+    if (chart) charts.push_back(std::move(*chart));
+  }
   KVQ_ASSIGN_OR_RETURN(std::optional<FakeQuantData> fake_quant, ReadFakeQuant(study));
   if (fake_quant) {
     charts.push_back(FakeQuantOverall(*fake_quant));
@@ -609,6 +634,10 @@ StatusOr<std::vector<StudyChart>> BuildStudyCharts(const json& study) {
   if (memory) charts.push_back(std::move(*memory));
   KVQ_ASSIGN_OR_RETURN(MaybeChart recall, RecallChart(study));
   if (recall) charts.push_back(std::move(*recall));
+  for (auto builder : {study_report::NeedleChart, study_report::Gsm8kChart}) {
+    KVQ_ASSIGN_OR_RETURN(MaybeChart chart, builder(study));
+    if (chart) charts.push_back(std::move(*chart));
+  }
   return charts;
 }
 

@@ -30,22 +30,21 @@ const char* GgmlTypeName(uint32_t type) {
 }
 
 bool GgmlToDType(uint32_t type, DType* out) {
-  switch (type) {
-    case 0:
-      *out = DType::kF32;
+  // ggml.h's type ids for the types kvq reads.
+  static constexpr struct {
+    uint32_t ggml;
+    DType dtype;
+  } kMap[] = {{0, DType::kF32},     {1, DType::kF16},   {2, DType::kQ4_0},  {3, DType::kQ4_1},
+              {6, DType::kQ5_0},    {7, DType::kQ5_1},  {8, DType::kQ8_0},  {10, DType::kQ2_K},
+              {11, DType::kQ3_K},   {12, DType::kQ4_K}, {13, DType::kQ5_K}, {14, DType::kQ6_K},
+              {20, DType::kIQ4_NL}, {30, DType::kBF16}};
+  for (const auto& m : kMap) {
+    if (m.ggml == type) {
+      *out = m.dtype;
       return true;
-    case 1:
-      *out = DType::kF16;
-      return true;
-    case 8:
-      *out = DType::kQ8_0;
-      return true;
-    case 30:
-      *out = DType::kBF16;
-      return true;
-    default:
-      return false;
+    }
   }
+  return false;
 }
 
 bool IsValidType(uint32_t t) { return t <= static_cast<uint32_t>(GgufType::kFloat64); }
@@ -398,11 +397,15 @@ Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
       const char* type_name = GgmlTypeName(ggml_type);
       return Status::Error("unsupported tensor type " +
                            (type_name ? std::string(type_name) : std::to_string(ggml_type)) +
-                           " in tensor '" + t.name + "' (supported: F32, F16, BF16, Q8_0)");
+                           " in tensor '" + t.name +
+                           "' (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                           "IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
     }
-    if (t.dtype == DType::kQ8_0 && ne[0] % 32 != 0) {
-      return Status::Error(what + " is Q8_0 but its row length " + std::to_string(ne[0]) +
-                           " is not a multiple of 32");
+    const int64_t block = DTypeBlockSize(t.dtype);
+    if (ne[0] % block != 0) {
+      return Status::Error(what + " is " + DTypeName(t.dtype) + " but its row length " +
+                           std::to_string(ne[0]) + " is not a multiple of " +
+                           std::to_string(block));
     }
     uint64_t offset = 0;
     KVQ_RETURN_IF_ERROR(r.Read(&offset, what + " offset"));

@@ -34,6 +34,26 @@ uint32_t DTypeToGgml(DType dtype) {
       return 8;
     case DType::kBF16:
       return 30;
+    case DType::kQ4_0:
+      return 2;
+    case DType::kQ4_1:
+      return 3;
+    case DType::kQ5_0:
+      return 6;
+    case DType::kQ5_1:
+      return 7;
+    case DType::kQ2_K:
+      return 10;
+    case DType::kQ3_K:
+      return 11;
+    case DType::kQ4_K:
+      return 12;
+    case DType::kQ5_K:
+      return 13;
+    case DType::kQ6_K:
+      return 14;
+    case DType::kIQ4_NL:
+      return 20;
   }
   return 0;
 }
@@ -203,9 +223,10 @@ Status GgufWriter::AddTensorFn(std::string name, DType dtype, std::vector<int64_
       return Status::Error("tensor '" + name + "': invalid shape " + ShapeString(shape));
     }
   }
-  if (dtype == DType::kQ8_0 && shape.back() % 32 != 0) {
-    return Status::Error("tensor '" + name + "': Q8_0 row length " + std::to_string(shape.back()) +
-                         " is not a multiple of 32");
+  if (shape.back() % DTypeBlockSize(dtype) != 0) {
+    return Status::Error("tensor '" + name + "': " + DTypeName(dtype) + " row length " +
+                         std::to_string(shape.back()) + " is not a multiple of " +
+                         std::to_string(DTypeBlockSize(dtype)));
   }
   for (const PendingTensor& t : tensors_) {
     if (t.name == name) return Status::Error("duplicate tensor name '" + name + "'");

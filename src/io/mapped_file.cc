@@ -7,8 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 namespace kvq {
 
@@ -45,18 +43,64 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-StatusOr<std::string> ReadTextFile(const std::string& path) {
-  struct stat info {};
-  // An ifstream opens a directory and then reads nothing: say what it is.
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    return Status::Error(path + ": is a directory, not a file");
+StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::Error(path + ": cannot stat: " + std::strerror(err));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return Status::Error(path + ": read error");
-  return buffer.str();
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    return Status::Error(path + ": is " + std::string(what) + ", not a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::Error(path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                         std::to_string(max_bytes) + " this input may have");
+  }
+  // Back to blocking reads for a regular file (O_NONBLOCK has no effect on
+  // them, but say so rather than rely on it).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  *size = static_cast<size_t>(st.st_size);
+  return fd;
+}
+
+StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes) {
+  size_t size = 0;
+  KVQ_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, max_bytes, &size));
+  std::string out(size, '\0');
+  size_t got = 0;
+  // Read what the size promised and one byte more: a file that grows while
+  // it is read is refused rather than followed.
+  char extra;
+  while (true) {
+    const ssize_t n = got < size ? ::read(fd, out.data() + got, size - got) : ::read(fd, &extra, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::Error(path + ": read error: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    if (got >= size) {
+      ::close(fd);
+      return Status::Error(path + ": the file grew while it was read");
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
 }
 
 }  // namespace kvq

@@ -29,7 +29,17 @@ class MappedFile {
   std::string path_;
 };
 
-// Whole file into a string (for JSON files); errors name the path.
-StatusOr<std::string> ReadTextFile(const std::string& path);
+// Whole file into a string; errors name the path. Only a regular file is
+// read (a directory, FIFO or device such as /dev/zero is refused before any
+// byte is read, and opening never waits for a FIFO's writer), and only when
+// its size is at most `max_bytes`, checked before reading: no input makes it
+// read without bound. Every text input (texts, policies, JSON, keys) uses it.
+inline constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
+StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
+
+// The same checks for a reader that streams the file itself: open for
+// reading, regular, at most `max_bytes`. Returns the descriptor (the caller
+// closes it); `*size` gets the size.
+StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size);
 
 }  // namespace kvq

@@ -243,8 +243,8 @@ StatusOr<SafetensorsSet> OpenSafetensorsFolder(const std::string& dir) {
 
 Status SafetensorsWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
                                     const void* data, size_t nbytes) {
-  if (dtype == DType::kQ8_0) {
-    return Status::Error("tensor '" + name + "': safetensors cannot store Q8_0");
+  if (DTypeIsQuantized(dtype)) {
+    return Status::Error("tensor '" + name + "': safetensors cannot store " + DTypeName(dtype));
   }
   KVQ_RETURN_IF_ERROR(CheckTensorBytes(name, dtype, shape, nbytes, /*allow_zero_dims=*/true));
   const uint8_t* bytes = static_cast<const uint8_t*>(data);
@@ -256,8 +256,8 @@ Status SafetensorsWriter::AddTensor(std::string name, DType dtype, std::vector<i
 
 Status SafetensorsWriter::AddTensorFn(std::string name, DType dtype, std::vector<int64_t> shape,
                                       std::function<void(uint8_t* out)> fill) {
-  if (dtype == DType::kQ8_0) {
-    return Status::Error("tensor '" + name + "': safetensors cannot store Q8_0");
+  if (DTypeIsQuantized(dtype)) {
+    return Status::Error("tensor '" + name + "': safetensors cannot store " + DTypeName(dtype));
   }
   if (name == "__metadata__") return Status::Error("tensor name '__metadata__' is reserved");
   int64_t count = 1;

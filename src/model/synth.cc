@@ -163,6 +163,8 @@ void Encode(const std::vector<float>& v, DType dtype, uint8_t* out) {
     case DType::kQ8_0:
       QuantizeQ8_0(v.data(), n, out);
       break;
+    default:  // synthetic models use only the types above (cmd_synth checks)
+      break;
   }
 }
 
@@ -215,6 +217,8 @@ uint32_t GgufFileType(DType dtype) {
       return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
     case DType::kBF16:
       return 32;  // LLAMA_FTYPE_MOSTLY_BF16
+    default:
+      break;
   }
   return 0;
 }

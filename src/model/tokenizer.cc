@@ -69,20 +69,33 @@ constexpr const char* kQwen2Pattern =
 constexpr const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Llama.cpp's "\p{N}" split that runs first for SmolLM (its tokenizer.json:
+// Digits(individual_digits) before ByteLevel).
+constexpr const char* kDigitsPattern = R"(\p{N})";
+
 struct PreTokenizerEntry {
   const char* name;
   const char* pattern;
   bool ignore_merges;
+  const char* first = nullptr;  // a split applied before `pattern`, if any
 };
 
 constexpr PreTokenizerEntry kPreTokenizers[] = {
-    {"gpt-2", kGpt2Pattern, false},      {"phi-2", kGpt2Pattern, false},
-    {"mpt", kGpt2Pattern, false},        {"olmo", kGpt2Pattern, false},
-    {"qwen2", kQwen2Pattern, false},     {"deepseek-r1-qwen", kQwen2Pattern, false},
-    {"megrez", kQwen2Pattern, false},    {"stablelm2", kQwen2Pattern, false},
-    {"llama-bpe", kLlama3Pattern, true}, {"llama3", kLlama3Pattern, true},
-    {"llama-v3", kLlama3Pattern, true},  {"falcon3", kLlama3Pattern, true},
-    {"dbrx", kLlama3Pattern, false},     {"smaug-bpe", kLlama3Pattern, false},
+    {"gpt-2", kGpt2Pattern, false},
+    {"phi-2", kGpt2Pattern, false},
+    {"mpt", kGpt2Pattern, false},
+    {"olmo", kGpt2Pattern, false},
+    {"qwen2", kQwen2Pattern, false},
+    {"deepseek-r1-qwen", kQwen2Pattern, false},
+    {"megrez", kQwen2Pattern, false},
+    {"stablelm2", kQwen2Pattern, false},
+    {"llama-bpe", kLlama3Pattern, true},
+    {"llama3", kLlama3Pattern, true},
+    {"llama-v3", kLlama3Pattern, true},
+    {"falcon3", kLlama3Pattern, true},
+    {"dbrx", kLlama3Pattern, false},
+    {"smaug-bpe", kLlama3Pattern, false},
+    {"smollm", kGpt2Pattern, false, kDigitsPattern},
 };
 
 const PreTokenizerEntry* FindPreTokenizer(const std::string& pre) {
@@ -96,6 +109,9 @@ const PreTokenizerEntry* FindPreTokenizer(const std::string& pre) {
 // Merge lookup: (left id, right id) -> (rank, merged id). Open addressing
 // with linear probing over one flat array: this lookup is the inner loop of
 // BPE, and a node-based std::unordered_map costs a cache miss per probe.
+
+// byte_token entry of a byte the vocabulary has no token for.
+constexpr int32_t kNoByteToken = -1;
 
 class MergeTable {
  public:
@@ -123,6 +139,7 @@ class MergeTable {
     }
   }
   const Entry* Find(int32_t left, int32_t right) const {
+    if (left < 0 || right < 0) return nullptr;  // kNoByteToken never merges
     const uint64_t key = Key(left, right);
     for (size_t i = Hash(key);; i = (i + 1) & mask_) {
       if (slots_[i].key == key) return &slots_[i];
@@ -254,14 +271,12 @@ Status TokenizerImpl::Init(const TokenizerSpec& in) {
       }
     }
   }
+  // A byte without a token (SmolLM's vocabulary lacks some control bytes)
+  // can take part in no merge and is dropped from the output, as llama.cpp
+  // drops a leftover symbol's bytes that have no token.
   for (int b = 0; b < 256; ++b) {
     auto it = bytes_to_id.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
-    if (it == bytes_to_id.end()) {
-      return Status::Error(
-          "vocabulary has no token for byte 0x" + std::string(1, "0123456789ABCDEF"[b >> 4]) +
-          std::string(1, "0123456789ABCDEF"[b & 15]) + " (byte-level BPE needs all 256)");
-    }
-    byte_token[b] = it->second;
+    byte_token[b] = it == bytes_to_id.end() ? kNoByteToken : it->second;
   }
 
   // Merges whose parts or result are not normal tokens can never apply.
@@ -418,11 +433,15 @@ void TokenizerImpl::Bpe(std::string_view word, CallState& st, std::vector<int32_
   }
   if (word.size() <= kLinearBpeMax) {
     BpeLinear(st);
-    out.insert(out.end(), st.syms.begin(), st.syms.end());
+    for (int32_t id : st.syms) {
+      if (id != kNoByteToken) out.push_back(id);
+    }
     return;
   }
   BpeHeap(st);
-  for (int32_t i = 0; i >= 0; i = st.next[i]) out.push_back(st.syms[i]);
+  for (int32_t i = 0; i >= 0; i = st.next[i]) {
+    if (st.syms[i] != kNoByteToken) out.push_back(st.syms[i]);
+  }
 }
 
 // Short words: keep the symbols compact and scan for the lowest-ranked pair.
@@ -592,8 +611,10 @@ std::string ByteLevelDecode(std::string_view piece) {
 }
 
 StatusOr<std::vector<std::string>> PreTokenizerPatterns(const std::string& pre) {
-  if (const PreTokenizerEntry* e = FindPreTokenizer(pre))
+  if (const PreTokenizerEntry* e = FindPreTokenizer(pre)) {
+    if (e->first != nullptr) return std::vector<std::string>{e->first, e->pattern};
     return std::vector<std::string>{e->pattern};
+  }
   std::string names;
   for (const auto& e : kPreTokenizers) names += std::string(names.empty() ? "" : ", ") + e.name;
   return Status::Error("unsupported pre-tokenizer '" + pre + "' (supported: " + names + ")");

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "io/gguf.h"
+#include "io/mapped_file.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_spec.h"
 
@@ -285,14 +286,7 @@ Status ReadTokenizerConfig(std::string_view text, const std::string& name,
   return Status::Ok();
 }
 
-StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::Error(path + ": read error");
-  return ss.str();
-}
+StatusOr<std::string> ReadWholeFile(const std::string& path) { return ReadTextFile(path); }
 
 }  // namespace
 

@@ -8,7 +8,6 @@
 #include "ops/rope.h"
 
 namespace kvq {
-namespace {
 
 ops::WeightType ToWeightType(DType dtype) {
   switch (dtype) {
@@ -20,9 +19,31 @@ ops::WeightType ToWeightType(DType dtype) {
       return ops::WeightType::kBF16;
     case DType::kQ8_0:
       return ops::WeightType::kQ8_0;
+    case DType::kQ4_0:
+      return ops::WeightType::kQ4_0;
+    case DType::kQ4_1:
+      return ops::WeightType::kQ4_1;
+    case DType::kQ5_0:
+      return ops::WeightType::kQ5_0;
+    case DType::kQ5_1:
+      return ops::WeightType::kQ5_1;
+    case DType::kIQ4_NL:
+      return ops::WeightType::kIQ4_NL;
+    case DType::kQ2_K:
+      return ops::WeightType::kQ2_K;
+    case DType::kQ3_K:
+      return ops::WeightType::kQ3_K;
+    case DType::kQ4_K:
+      return ops::WeightType::kQ4_K;
+    case DType::kQ5_K:
+      return ops::WeightType::kQ5_K;
+    case DType::kQ6_K:
+      return ops::WeightType::kQ6_K;
   }
   return ops::WeightType::kF32;
 }
+
+namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";

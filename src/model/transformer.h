@@ -115,6 +115,9 @@ class Transformer {
   ForwardActivations act_;
 };
 
+// The ops layer's view of a file dtype (the two enums list the same types).
+ops::WeightType ToWeightType(DType dtype);
+
 // Per layer, the L2 norm of each KV head's k_proj bias ([num_layers][num_kv_heads]); empty
 // when the model has no attention bias. Qwen2-family models carry very large k_proj biases in
 // their first and last layers, which is why a per-layer KV policy keeps those layers at f16.

@@ -29,6 +29,8 @@
 #include "hwy/highway.h"
 // After highway.h (own include block so clang-format keeps the order).
 #include "hwy/cache_control.h"
+// After highway.h: per-target decoders of the other block types.
+#include "ops/quant_decode-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvq::ops {
@@ -68,6 +70,7 @@ constexpr int64_t kPanelRows = kTileVecs * kLanes;
 // A multiple of the Q8_0 block so a panel never splits a block.
 constexpr int64_t kDepth = 128;
 static_assert(kDepth % kQ8_0BlockSize == 0, "panels must not split Q8_0 blocks");
+static_assert(kDepth % kQBlock == 0, "panels must not split decoder groups");
 
 // out[depth] = row r of w, columns [k0, k0 + depth), decoded to f32 (exact).
 void DecodeSegment(const WeightView& w, int64_t r, int64_t k0, int64_t depth,
@@ -75,6 +78,15 @@ void DecodeSegment(const WeightView& w, int64_t r, int64_t k0, int64_t depth,
   const DF df;
   const uint8_t* row = w.row(r);
   switch (w.type) {
+    default:
+      // Groups of 32 (k0 and depth are multiples of 32; K-quant super-blocks
+      // are entered at any of their eight groups).
+      qd::VisitGroupDecoder(w.type, [&](auto dec) HWY_ATTR {
+        qd::DecodeGroups<decltype(dec)>(df, row, k0 / kQBlock, depth / kQBlock,
+                                        [&](int64_t j, VF v)
+                                            HWY_ATTR { hn::StoreU(v, df, out + j); });
+      });
+      return;
     case WeightType::kF32:
       std::memcpy(out, reinterpret_cast<const float*>(row) + k0,
                   static_cast<size_t>(depth) * sizeof(float));
@@ -150,18 +162,8 @@ struct ByteRange {
   int64_t begin, end;
 };
 ByteRange SegmentBytes(WeightType type, int64_t k0, int64_t depth) {
-  switch (type) {
-    case WeightType::kF32:
-      return {4 * k0, 4 * (k0 + depth)};
-    case WeightType::kF16:
-    case WeightType::kBF16:
-      return {2 * k0, 2 * (k0 + depth)};
-    case WeightType::kQ8_0: {
-      const int64_t block = static_cast<int64_t>(sizeof(BlockQ8_0));
-      return {k0 / kQ8_0BlockSize * block, (k0 + depth) / kQ8_0BlockSize * block};
-    }
-  }
-  return {0, 0};
+  const int64_t block = BlockSize(type), bytes = BlockBytes(type);
+  return {k0 / block * bytes, (k0 + depth + block - 1) / block * bytes};
 }
 
 // The weight block PackPanel reads after the current one, prefetched a few

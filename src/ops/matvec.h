@@ -13,13 +13,30 @@ namespace kvq::ops {
 // Rows are split into contiguous ranges over `num_threads` OpenMP threads
 // (1 = run on the calling thread). x and y must not overlap.
 //
-// Q8_0 keeps x in f32 and decodes W on the fly (d * q, exact in f32, then an
-// FMA with x) instead of quantizing x to int8 as ggml's q8_0 x q8_0
-// vec_dot does. Decode is bound by reading W (34 bytes per 32 weights), and
-// the int8-to-f32 widening hides under that read, so an int8 x would buy
-// little speed while adding a second quantization error (x rounded to 8
-// bits) that would make results differ from the f32 model. Consequence for
-// conformance: kvq Q8_0 logits are slightly closer to f32 than llama.cpp's.
+// Every block type keeps x in f32 and decodes W on the fly, bit-exactly
+// (each weight is a * q + b with a * q exact in f32, one rounding, as
+// ggml's dequantize_row_*; quant_decode-inl.h), then one FMA per weight and
+// token. ggml instead quantizes x to 8 bits (q8_0 / q8_1 / q8_K) and uses
+// integer dot products. Choice and measurements (this 2-vCPU Sapphire
+// Rapids VM shared with other jobs; ops_bench MatvecL2 vs
+// `kvq-llamacpp-harness vecdot`: one thread, thread CPU time, a 576 x 1536
+// matrix resident in L2 so compute, not DRAM, sets the pace; Gweights/s,
+// kvq f32-activation kernels vs ggml's native AVX-512 VNNI vec_dot; runs
+// vary by 20-40% with the load on the sibling hyperthread, so compare
+// rows of one run):
+//   f16 14-15 vs 23, q8_0 11-12 vs 21-23, q4_0 10 vs 19, q4_1 8-9 vs 15-19,
+//   q5_0 8.8 vs 13-16, q5_1 8 vs 16, iq4_nl 4 vs 16-17, q2_K 9-10 vs 29-31,
+//   q3_K 3.8 vs 15, q4_K 7 vs 18, q5_K 6 vs 12-19, q6_K 6 vs 18-26.
+// From DRAM (ops_bench Matvec at 896 x 4864, weights rotated past the
+// caches, ratio to the interleaved read probe) f16 and q8_0 reach the probe
+// (0.85-1.3), q4_0/q4_1 0.8-0.9, q5_0/q5_1 0.5-0.6, q4_K/q6_K 0.45-0.55,
+// q2_K/q3_K/q5_K/iq4_nl 0.2-0.4 (before the last q5/q6_K speed-ups): the
+// block types are compute-bound.
+// Kept for now because it is exact: results depend only on W and x (the
+// stored weights' f32 model); llama.cpp's add an 8-bit rounding of x, so
+// the two agree only to within that rounding. The integer path (VNNI
+// dpbusd on x86, with this f32 path as its reference) is the known next
+// step to reach llama.cpp's decode speed on these types.
 void Matvec(const WeightView& w, const float* x, float* y, int num_threads);
 
 // Batched products without BLAS: y[n, w.rows] = x[n, w.cols] · Wᵀ. Tiles of
@@ -34,8 +51,8 @@ void MatvecBatch(const WeightView& w, const float* x, int64_t n, float* y, int n
 void MatvecRef(const WeightView& w, const float* x, float* y);
 
 // out[count, w.cols] = rows [first, first + count) of w decoded to f32.
-// Exact (every supported type converts to f32 without rounding), so it is
-// bit-identical to DequantizeRowRef.
+// Bit-identical to DequantizeRowRef for every type (the same single f32
+// rounding where a type has one, e.g. Q4_1's d * q + m).
 void DequantizeRows(const WeightView& w, int64_t first, int64_t count, float* out);
 
 // Token embedding lookup: out[n, table.cols] = rows ids[n] of table.

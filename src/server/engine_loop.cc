@@ -30,10 +30,13 @@ SubmitResult EngineLoop::Submit(ServeRequest request) {
     if (!accepting_ || stop_) {
       result.outcome = SubmitOutcome::kShuttingDown;
       result.message = "the server is shutting down";
-    } else if (static_cast<int64_t>(inbox_.size()) + scheduler_waiting_ >= options_.max_waiting) {
+    } else if (QueueFullLocked()) {
       result.outcome = SubmitOutcome::kQueueFull;
-      result.message =
-          "too many requests waiting (" + std::to_string(options_.max_waiting) + "); retry later";
+      result.message = options_.max_waiting == 0
+                           ? "every batch slot is busy and --max-waiting 0 queues nothing; "
+                             "retry later"
+                           : "too many requests waiting (" + std::to_string(options_.max_waiting) +
+                                 "); retry later";
     } else {
       result.channel = std::make_shared<RequestChannel>();
       inbox_.push_back({std::move(request), result.channel, Clock::now()});
@@ -45,6 +48,15 @@ SubmitResult EngineLoop::Submit(ServeRequest request) {
     metrics_.RecordRejected();
   }
   return result;
+}
+
+bool EngineLoop::QueueFullLocked() const {
+  const int64_t waiting = static_cast<int64_t>(inbox_.size()) + scheduler_waiting_;
+  if (options_.max_waiting > 0) return waiting >= options_.max_waiting;
+  // No queue: accepted only while it can start at the next step, i.e.
+  // nothing waits and a batch slot is free.
+  return waiting > 0 || scheduler_running_ + static_cast<int64_t>(inbox_.size()) >=
+                            scheduler_->options().max_num_seqs;
 }
 
 void EngineLoop::Cancel(const std::shared_ptr<RequestChannel>& channel) {
@@ -119,6 +131,7 @@ void EngineLoop::Run() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       scheduler_waiting_ = scheduler_->num_waiting();
+      scheduler_running_ = scheduler_->num_running();
       busy_ = scheduler_->HasWork();
       idle = IdleLocked();
     }

@@ -21,7 +21,9 @@ namespace kvq {
 
 struct EngineLoopOptions {
   // Requests waiting for admission (inbox + scheduler queue) at most; more
-  // are refused (HTTP 429) instead of queueing without bound.
+  // are refused (HTTP 429) instead of queueing without bound. 0 = no queue:
+  // a request is taken only when a batch slot is free and nothing waits
+  // (an idle server always takes it).
   int64_t max_waiting = 64;
 };
 
@@ -79,7 +81,9 @@ class EngineLoop {
   };
   std::vector<Pending> inbox_;
   int64_t scheduler_waiting_ = 0;  // the scheduler's queue after the last step
-  bool busy_ = false;              // the scheduler has running or waiting requests
+  int64_t scheduler_running_ = 0;  // its running sequences after the last step
+  bool QueueFullLocked() const;
+  bool busy_ = false;  // the scheduler has running or waiting requests
   bool accepting_ = true;
   bool stop_ = false;
   bool poke_ = false;  // a cancellation arrived: step even if otherwise idle

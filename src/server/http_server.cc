@@ -1,7 +1,6 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
-
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -13,7 +12,9 @@
 
 #include "engine/chat_template.h"
 #include "engine/generate.h"
+#include "server/api_key.h"
 #include "server/connection.h"
+#include "server/http_listener.h"
 #include "server/openai_api.h"
 
 namespace kvq {
@@ -27,9 +28,9 @@ int64_t UnixSeconds() {
       .count();
 }
 
-void SendError(httplib::Response& res, const ApiError& error) {
+void SendError(HttpResponse& res, const ApiError& error) {
   res.status = error.http_status;
-  res.set_content(ApiErrorJson(error), "application/json");
+  res.SetContent(ApiErrorJson(error), "application/json");
 }
 
 ApiError MakeError(int status, const std::string& type, const std::string& message,
@@ -77,7 +78,7 @@ struct HttpServer::Impl {
   const LoadedModel& model;
   EngineLoop& engine;
   HttpServerOptions options;
-  httplib::Server server;
+  std::unique_ptr<HttpListener> listener;
   std::atomic<uint64_t> next_id{1};
   std::atomic<bool> shutting_down{false};
   std::atomic<int64_t> open_requests{0};  // completions not yet fully answered
@@ -97,9 +98,9 @@ struct HttpServer::Impl {
     return random();
   }
 
-  bool Authorized(const httplib::Request& req) const {
+  bool Authorized(const HttpRequest& req) const {
     if (options.api_key.empty()) return true;
-    return req.get_header_value("Authorization") == "Bearer " + options.api_key;
+    return ConstantTimeEquals(req.Header("authorization"), "Bearer " + options.api_key);
   }
 
   // The engine's log probabilities with each token's text; advances
@@ -120,72 +121,211 @@ struct HttpServer::Impl {
     return out;
   }
 
-  void Routes();
-  void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool chat);
-  void Stream(httplib::Response& res, std::shared_ptr<StreamState> state);
+  void Handle(const HttpExchange& exchange, HttpResponse& res);
+  void Health(const HttpExchange& exchange, HttpResponse& res);
+  void Metrics(const HttpExchange& exchange, HttpResponse& res);
+  void Models(const HttpExchange& exchange, HttpResponse& res);
+  void Completion(const HttpExchange& exchange, HttpResponse& res) {
+    HandleCompletion(exchange, res, false);
+  }
+  void ChatCompletion(const HttpExchange& exchange, HttpResponse& res) {
+    HandleCompletion(exchange, res, true);
+  }
+  bool CheckBody(const HttpRequest& req, HttpResponse& res);
+  bool PromptIds(const CompletionRequest& request, bool chat, std::vector<int32_t>* out,
+                 HttpResponse& res);
+  bool Prepare(const HttpRequest& req, bool chat, CompletionRequest* request, ServeRequest* serve,
+               HttpResponse& res);
+  void AnswerWhole(HttpResponse& res, StreamState& state);
+  void HandleCompletion(const HttpExchange& exchange, HttpResponse& res, bool chat);
+  void Stream(HttpResponse& res, std::shared_ptr<StreamState> state);
 };
 
-void HttpServer::Impl::Routes() {
-  server.set_payload_max_length(options.max_body_bytes);
-  const int threads = options.http_threads;
-  server.new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));
-  };
+void HttpServer::Impl::Handle(const HttpExchange& exchange, HttpResponse& res) {
+  const HttpRequest& req = exchange.request;
   // Only the API needs the key; /health and /metrics stay open for probes.
-  server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req)) {
-      SendError(res, MakeError(401, "invalid_request_error",
-                               "Incorrect API key provided: pass it as 'Authorization: Bearer "
-                               "<key>'.",
-                               "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+  if (req.path.rfind("/v1/", 0) == 0 && !Authorized(req)) {
+    res.SetHeader("WWW-Authenticate", "Bearer");  // required with 401 (RFC 9110 §11.6.1)
+    return SendError(res, MakeError(401, "invalid_request_error",
+                                    "Incorrect API key provided: pass it as 'Authorization: "
+                                    "Bearer <key>'.",
+                                    "invalid_api_key"));
+  }
+  struct Route {
+    const char* path;
+    const char* method;
+    void (Impl::*handle)(const HttpExchange&, HttpResponse&);
+  };
+  static constexpr Route kRoutes[] = {
+      {"/health", "GET", &Impl::Health},
+      {"/metrics", "GET", &Impl::Metrics},
+      {"/v1/models", "GET", &Impl::Models},
+      {"/v1/completions", "POST", &Impl::Completion},
+      {"/v1/chat/completions", "POST", &Impl::ChatCompletion},
+  };
+  // HEAD is GET without the body (RFC 9110 §9.3.2); the listener drops it.
+  const std::string method = req.method == "HEAD" ? "GET" : req.method;
+  for (const Route& route : kRoutes) {
+    if (req.path != route.path) continue;
+    if (method == route.method) return (this->*route.handle)(exchange, res);
+    static const char* kKnown[] = {"GET",     "HEAD",    "POST",  "PUT",  "DELETE",
+                                   "CONNECT", "OPTIONS", "TRACE", "PATCH"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), req.method) == std::end(kKnown)) {
+      return SendError(res, MakeError(501, "invalid_request_error",
+                                      "method " + req.method + " is not implemented"));
     }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  // Errors httplib raises itself (404 route, 413 body, 400 framing) get the
-  // OpenAI error body too; handlers' own errors already have one.
-  server.set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        std::string message = "HTTP " + std::to_string(res.status);
-        if (res.status == 404) message = "no such route";
-        if (res.status == 413) message = "the request body is larger than the server's limit";
-        SendError(res, MakeError(res.status, "invalid_request_error", message));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  server.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        SendError(res, MakeError(500, "server_error", "internal error"));
-      });
-
-  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (shutting_down.load()) {
-      SendError(res, MakeError(503, "server_error", "shutting down"));
-      return;
-    }
-    res.set_content("{\"status\":\"ok\"}", "application/json");
-  });
-  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(engine.metrics().Render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json model_json = {{"id", options.model_name},
-                       {"object", "model"},
-                       {"created", UnixSeconds()},
-                       {"owned_by", "kvq"},
-                       {"max_model_len", engine.max_model_len()}};
-    json body = {{"object", "list"}, {"data", json::array({model_json})}};
-    res.set_content(body.dump(), "application/json");
-  });
-  server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleCompletion(req, res, false);
-  });
-  server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleCompletion(req, res, true);
-  });
+    const std::string allow =
+        std::string(route.method) == "GET" ? "GET, HEAD" : std::string(route.method);
+    res.SetHeader("Allow", allow);  // required with 405 (RFC 9110 §15.5.6)
+    return SendError(res, MakeError(405, "invalid_request_error",
+                                    req.path + " accepts " + allow + ", not " + req.method));
+  }
+  SendError(res, MakeError(404, "invalid_request_error", "no such route: " + req.path));
 }
 
-void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Response& res,
+void HttpServer::Impl::Health(const HttpExchange&, HttpResponse& res) {
+  if (shutting_down.load()) return SendError(res, MakeError(503, "server_error", "shutting down"));
+  res.SetContent("{\"status\":\"ok\"}", "application/json");
+}
+
+void HttpServer::Impl::Metrics(const HttpExchange&, HttpResponse& res) {
+  res.SetContent(engine.metrics().Render(), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+void HttpServer::Impl::Models(const HttpExchange&, HttpResponse& res) {
+  json model_json = {{"id", options.model_name},
+                     {"object", "model"},
+                     {"created", UnixSeconds()},
+                     {"owned_by", "kvq"},
+                     {"max_model_len", engine.max_model_len()}};
+  json body = {{"object", "list"}, {"data", json::array({model_json})}};
+  res.SetContent(body.dump(), "application/json");
+}
+
+// The body must be JSON. Whatever Content-Type says (curl -d sends
+// application/x-www-form-urlencoded), a body that parses as JSON is taken;
+// one that does not gets 400 if it claimed to be JSON, else 415 saying what
+// to send. Content codings are not decoded: 415 (RFC 9110 §15.5.16).
+bool HttpServer::Impl::CheckBody(const HttpRequest& req, HttpResponse& res) {
+  const std::string encoding = req.Header("content-encoding");
+  if (!encoding.empty() && encoding != "identity") {
+    res.SetHeader("Accept-Encoding", "identity");
+    SendError(res, MakeError(415, "invalid_request_error",
+                             "Content-Encoding '" + encoding +
+                                 "' is not supported: send the JSON body uncompressed"));
+    return false;
+  }
+  if (req.body.empty()) {
+    SendError(res, MakeError(400, "invalid_request_error",
+                             "the request has no body: send a JSON object with "
+                             "Content-Type: application/json"));
+    return false;
+  }
+  const std::string type = req.Header("content-type");
+  const bool says_json = type.empty() || type.find("json") != std::string::npos;
+  if (!says_json && !json::accept(req.body)) {
+    SendError(res, MakeError(415, "invalid_request_error",
+                             "the body is sent as '" + type +
+                                 "' and is not JSON: send a JSON object with Content-Type: "
+                                 "application/json"));
+    return false;
+  }
+  return true;
+}
+
+// The prompt as token ids, exactly as `kvq generate` builds them for the
+// same text; false after answering an error.
+bool HttpServer::Impl::PromptIds(const CompletionRequest& request, bool chat,
+                                 std::vector<int32_t>* out, HttpResponse& res) {
+  const int64_t vocab = model.transformer->config().vocab_size;
+  StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>{};
+  if (chat) {
+    ids = ChatPromptIds(model, request.messages);
+  } else if (!request.prompt_ids.empty()) {
+    ids = request.prompt_ids;
+    for (int32_t id : request.prompt_ids) {
+      if (id >= vocab) {
+        SendError(res, MakeError(400, "invalid_request_error",
+                                 "token id " + std::to_string(id) + " is outside the " +
+                                     "vocabulary of " + std::to_string(vocab),
+                                 "", "prompt"));
+        return false;
+      }
+    }
+  } else {
+    ids = BuildPrompt(model, request.prompt, /*chat=*/false);
+  }
+  if (!ids.ok()) {
+    SendError(res, MakeError(400, "invalid_request_error", ids.status().message(), "",
+                             chat ? "messages" : "prompt"));
+    return false;
+  }
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id >= vocab) {
+      SendError(res, MakeError(400, "invalid_request_error",
+                               "logit_bias names token " + std::to_string(id) +
+                                   ", outside the vocabulary of " + std::to_string(vocab),
+                               "", "logit_bias"));
+      return false;
+    }
+  }
+  *out = std::move(ids).value();
+  return true;
+}
+
+// Body -> validated request -> what the engine runs; false after answering
+// an error.
+bool HttpServer::Impl::Prepare(const HttpRequest& req, bool chat, CompletionRequest* request,
+                               ServeRequest* serve, HttpResponse& res) {
+  ApiError error;
+  if (!CheckBody(req, res)) return false;
+  if (!ParseCompletionRequest(req.body, chat, request, &error)) {
+    SendError(res, error);
+    return false;
+  }
+  // One model: a request that names none gets it (as vLLM and llama-server
+  // do); a request that names another is refused.
+  if (request->model.empty()) request->model = options.model_name;
+  if (request->model != options.model_name) {
+    SendError(res, MakeError(404, "invalid_request_error",
+                             "The model '" + request->model + "' does not exist; this " +
+                                 "server serves '" + options.model_name + "'.",
+                             "model_not_found", "model"));
+    return false;
+  }
+  if (!PromptIds(*request, chat, &serve->prompt, res)) return false;
+  const int64_t prompt_tokens = static_cast<int64_t>(serve->prompt.size());
+  if (request->max_tokens) {
+    serve->max_tokens = *request->max_tokens;
+  } else {
+    // vLLM's defaults: 16 for completions, the rest of the context for chat.
+    const int64_t room = engine.MaxNewTokens(prompt_tokens);
+    if (room < 1) {
+      SendError(res, MakeError(400, "invalid_request_error",
+                               "the prompt is " + std::to_string(prompt_tokens) +
+                                   " tokens, which leaves no room to generate: this server's "
+                                   "context (--max-model-len) and KV cache hold " +
+                                   std::to_string(prompt_tokens + room) + " tokens per request",
+                               "context_length_exceeded", chat ? "messages" : "prompt"));
+      return false;
+    }
+    serve->max_tokens = chat ? room : std::min(options.default_max_tokens, room);
+  }
+  SamplingParams& sampling = serve->sampling;
+  sampling.temperature = request->temperature;
+  sampling.top_p = request->top_p;
+  sampling.top_k = request->top_k;
+  sampling.presence_penalty = request->presence_penalty;
+  sampling.frequency_penalty = request->frequency_penalty;
+  sampling.logit_bias = request->logit_bias;
+  sampling.seed = request->seed ? *request->seed : RandomSeed();
+  serve->stop = request->stop;
+  serve->stop_at_eos = !request->ignore_eos;
+  serve->logprobs = request->logprobs;
+  return true;
+}
+
+void HttpServer::Impl::HandleCompletion(const HttpExchange& exchange, HttpResponse& res,
                                         bool chat) {
   // A stream stays open after the handler returns: its releaser decrements.
   ++open_requests;
@@ -196,56 +336,10 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
     }
   } done{&open_requests};
   CompletionRequest request;
-  ApiError error;
-  if (!ParseCompletionRequest(req.body, chat, &request, &error)) return SendError(res, error);
-  if (request.model != options.model_name) {
-    return SendError(res, MakeError(404, "invalid_request_error",
-                                    "The model '" + request.model + "' does not exist; this " +
-                                        "server serves '" + options.model_name + "'.",
-                                    "model_not_found", "model"));
-  }
-  // Token ids exactly as `kvq generate` builds them for the same text.
-  StatusOr<std::vector<int32_t>> ids = std::vector<int32_t>{};
-  if (chat) {
-    ids = ChatPromptIds(model, request.messages);
-  } else if (!request.prompt_ids.empty()) {
-    ids = request.prompt_ids;
-    const int64_t vocab = model.transformer->config().vocab_size;
-    for (int32_t id : request.prompt_ids) {
-      if (id >= vocab) {
-        return SendError(res, MakeError(400, "invalid_request_error",
-                                        "token id " + std::to_string(id) + " is outside the " +
-                                            "vocabulary of " + std::to_string(vocab),
-                                        "", "prompt"));
-      }
-    }
-  } else {
-    ids = BuildPrompt(model, request.prompt, /*chat=*/false);
-  }
-  if (!ids.ok()) {
-    return SendError(res, MakeError(400, "invalid_request_error", ids.status().message(), "",
-                                    chat ? "messages" : "prompt"));
-  }
   ServeRequest serve;
-  serve.prompt = std::move(ids).value();
-  const int64_t prompt_tokens = static_cast<int64_t>(serve.prompt.size());
-  if (request.max_tokens) {
-    serve.max_tokens = *request.max_tokens;
-  } else {
-    // vLLM's defaults: 16 for completions, the rest of the context for chat.
-    const int64_t room = engine.MaxNewTokens(prompt_tokens);
-    serve.max_tokens = chat ? room : std::min(options.default_max_tokens, room);
-  }
-  serve.sampling.temperature = request.temperature;
-  serve.sampling.top_p = request.top_p;
-  serve.sampling.top_k = request.top_k;
-  serve.sampling.seed = request.seed ? *request.seed : RandomSeed();
-  serve.stop = request.stop;
-  serve.stop_at_eos = !request.ignore_eos;
-  serve.logprobs = request.logprobs;
-
+  if (!Prepare(exchange.request, chat, &request, &serve, res)) return;
   if (shutting_down.load()) {
-    res.set_header("Retry-After", "5");
+    res.SetHeader("Retry-After", "5");
     return SendError(res, MakeError(503, "server_error", "the server is shutting down"));
   }
   SubmitResult submitted = engine.Submit(std::move(serve));
@@ -256,21 +350,19 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
       return SendError(res, MakeError(400, "invalid_request_error", submitted.message,
                                       "context_length_exceeded", "max_tokens"));
     case SubmitOutcome::kQueueFull:
-      res.set_header("Retry-After", "1");
+      res.SetHeader("Retry-After", "1");
       return SendError(
           res, MakeError(429, "rate_limit_exceeded", submitted.message, "rate_limit_exceeded"));
     case SubmitOutcome::kShuttingDown:
-      res.set_header("Retry-After", "5");
+      res.SetHeader("Retry-After", "5");
       return SendError(res, MakeError(503, "server_error", submitted.message));
   }
-
   auto state = std::make_shared<StreamState>();
   state->request = std::move(request);
   state->id = NewId(chat);
   state->created = UnixSeconds();
   state->channel = submitted.channel;
-  state->socket =
-      FindConnectionSocket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  state->socket = exchange.socket;
   if (state->request.echo) {
     state->echo_text = state->request.prompt_ids.empty()
                            ? state->request.prompt
@@ -280,19 +372,22 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
     done.count = nullptr;
     return Stream(res, state);
   }
+  AnswerWhole(res, *state);
+}
 
-  // Not streaming: nothing is written until the end, so the only sign of a
-  // client that has gone is its socket. Look at least every 50 ms (a poll(2)
-  // without waiting) and cancel at once: the blocks go back to the others at
-  // the engine's next step.
-  std::string text = state->echo_text;
+// Not streaming: nothing is written until the end, so the only sign of a
+// client that has gone is its socket. Look at least every 50 ms (a poll(2)
+// without waiting) and cancel at once: the blocks go back to the others at
+// the engine's next step.
+void HttpServer::Impl::AnswerWhole(HttpResponse& res, StreamState& state) {
+  std::string text = state.echo_text;
   std::vector<TokenLogprob> logprobs;
   while (true) {
     std::vector<RequestEvent> events;
-    state->channel->Pop(&events, std::chrono::milliseconds(50));
+    state.channel->Pop(&events, std::chrono::milliseconds(50));
     const bool ended = !events.empty() && events.back().final;
-    if (!ended && PeerClosed(state->socket)) {
-      engine.Cancel(state->channel);
+    if (!ended && PeerClosed(state.socket)) {
+      engine.Cancel(state.channel);
       return SendError(res,
                        MakeError(400, "invalid_request_error", "the client closed the connection"));
     }
@@ -308,127 +403,129 @@ void HttpServer::Impl::HandleCompletion(const httplib::Request& req, httplib::Re
                                         "the request was cancelled (server shutting down)"));
       }
       const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
-      const ChoiceLogprobs choice_logprobs = WithText(logprobs, &state->text_offset);
-      res.set_content(
-          CompletionJson(state->request, state->id, state->created, text, event.finish_reason,
-                         usage, state->request.logprobs >= 0 ? &choice_logprobs : nullptr),
+      const ChoiceLogprobs choice_logprobs = WithText(logprobs, &state.text_offset);
+      res.SetContent(
+          CompletionJson(state.request, state.id, state.created, text, event.finish_reason, usage,
+                         state.request.logprobs >= 0 ? &choice_logprobs : nullptr),
           "application/json");
       return;
     }
   }
 }
 
-void HttpServer::Impl::Stream(httplib::Response& res, std::shared_ptr<StreamState> state) {
-  res.set_header("Cache-Control", "no-cache");
+void HttpServer::Impl::Stream(HttpResponse& res, std::shared_ptr<StreamState> state) {
+  res.SetHeader("Cache-Control", "no-cache");
   EngineLoop* engine_ptr = &engine;
   std::atomic<int64_t>* open = &open_requests;
   const Impl* impl = this;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [state, impl](size_t, httplib::DataSink& sink) {
-        // A closed socket ends the stream at once (the releaser cancels the
-        // request); a write would only notice at the second attempt.
-        if (PeerClosed(state->socket)) return false;
-        auto write = [&](const std::string& data) {
-          state->last_write = std::chrono::steady_clock::now();
-          return sink.write(data.data(), data.size());
-        };
-        if (!state->echo_text.empty()) {
-          const std::string prompt = std::move(state->echo_text);
-          state->echo_text.clear();
-          if (!write(StreamChunk(state->request, state->id, state->created, prompt, "", true,
-                                 nullptr))) {
-            return false;
-          }
-          state->first = false;
+  res.content_type = "text/event-stream";
+  res.stream = [state, impl](StreamSink& sink) {
+    // A closed socket ends the stream at once (the releaser cancels the
+    // request); a write would only notice at the second attempt.
+    if (PeerClosed(state->socket)) return false;
+    auto write = [&](const std::string& data) {
+      state->last_write = std::chrono::steady_clock::now();
+      return sink.Write(data);
+    };
+    if (!state->echo_text.empty()) {
+      const std::string prompt = std::move(state->echo_text);
+      state->echo_text.clear();
+      if (!write(
+              StreamChunk(state->request, state->id, state->created, prompt, "", true, nullptr))) {
+        return false;
+      }
+      state->first = false;
+    }
+    // With log probabilities each chunk carries its tokens' entries.
+    auto chunk_logprobs = [&](const RequestEvent& event) {
+      std::optional<ChoiceLogprobs> out;
+      if (state->request.logprobs >= 0) {
+        out = impl->WithText(event.logprobs, &state->text_offset);
+      }
+      return out;
+    };
+    std::vector<RequestEvent> events;
+    if (!state->channel->Pop(&events, std::chrono::milliseconds(100))) {
+      // Nothing to send (queued or a long prefill). Where the socket is
+      // unknown, an SSE comment now and then finds a client that has
+      // gone when the write fails.
+      if (std::chrono::steady_clock::now() - state->last_write > std::chrono::seconds(2)) {
+        return write(": keep-alive\n\n");
+      }
+      return true;
+    }
+    for (const RequestEvent& event : events) {
+      if (!event.final) {
+        if (event.text.empty() && event.logprobs.empty()) continue;
+        const auto logprobs = chunk_logprobs(event);
+        if (!write(StreamChunk(state->request, state->id, state->created, event.text, "",
+                               state->first, nullptr, logprobs ? &*logprobs : nullptr))) {
+          return false;
         }
-        // With log probabilities each chunk carries its tokens' entries.
-        auto chunk_logprobs = [&](const RequestEvent& event) {
-          std::optional<ChoiceLogprobs> out;
-          if (state->request.logprobs >= 0) {
-            out = impl->WithText(event.logprobs, &state->text_offset);
-          }
-          return out;
-        };
-        std::vector<RequestEvent> events;
-        if (!state->channel->Pop(&events, std::chrono::milliseconds(100))) {
-          // Nothing to send (queued or a long prefill). Where the socket is
-          // unknown, an SSE comment now and then finds a client that has
-          // gone when the write fails.
-          if (std::chrono::steady_clock::now() - state->last_write > std::chrono::seconds(2)) {
-            return write(": keep-alive\n\n");
-          }
-          return sink.is_writable();
+        state->first = false;
+        continue;
+      }
+      state->done = true;
+      if (event.finish_reason == "stop" || event.finish_reason == "length") {
+        // usage on the last choice chunk, or in its own chunk when the
+        // client asked for stream_options.include_usage (OpenAI's form).
+        const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
+        const bool own_chunk = state->request.include_usage;
+        const auto logprobs = chunk_logprobs(event);
+        if (!write(StreamChunk(state->request, state->id, state->created, event.text,
+                               event.finish_reason, state->first, own_chunk ? nullptr : &usage,
+                               logprobs ? &*logprobs : nullptr))) {
+          return false;
         }
-        for (const RequestEvent& event : events) {
-          if (!event.final) {
-            if (event.text.empty() && event.logprobs.empty()) continue;
-            const auto logprobs = chunk_logprobs(event);
-            if (!write(StreamChunk(state->request, state->id, state->created, event.text, "",
-                                   state->first, nullptr, logprobs ? &*logprobs : nullptr))) {
-              return false;
-            }
-            state->first = false;
-            continue;
-          }
-          state->done = true;
-          if (event.finish_reason == "stop" || event.finish_reason == "length") {
-            // usage on the last choice chunk, or in its own chunk when the
-            // client asked for stream_options.include_usage (OpenAI's form).
-            const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
-            const bool own_chunk = state->request.include_usage;
-            const auto logprobs = chunk_logprobs(event);
-            if (!write(StreamChunk(state->request, state->id, state->created, event.text,
-                                   event.finish_reason, state->first, own_chunk ? nullptr : &usage,
-                                   logprobs ? &*logprobs : nullptr))) {
-              return false;
-            }
-            if (own_chunk && !write(UsageChunk(state->request, state->id, state->created, usage))) {
-              return false;
-            }
-          } else {
-            const ApiError e = MakeError(event.finish_reason == "error" ? 500 : 503, "server_error",
-                                         event.finish_reason == "error"
-                                             ? "generation failed: " + event.error
-                                             : "the request was cancelled (server shutting down)");
-            if (!write("data: " + ApiErrorJson(e) + "\n\n")) return false;
-          }
-          if (!write("data: [DONE]\n\n")) return false;
-          sink.done();
-          return true;
+        if (own_chunk && !write(UsageChunk(state->request, state->id, state->created, usage))) {
+          return false;
         }
-        return true;
-      },
-      [state, engine_ptr, open](bool) {
-        // The stream ended before the final event: the client went away.
-        if (!state->done) engine_ptr->Cancel(state->channel);
-        --*open;
-      });
+      } else {
+        const ApiError e = MakeError(event.finish_reason == "error" ? 500 : 503, "server_error",
+                                     event.finish_reason == "error"
+                                         ? "generation failed: " + event.error
+                                         : "the request was cancelled (server shutting down)");
+        if (!write("data: " + ApiErrorJson(e) + "\n\n")) return false;
+      }
+      if (!write("data: [DONE]\n\n")) return false;
+      sink.Done();
+      return true;
+    }
+    return true;
+  };
+  res.stream_end = [state, engine_ptr, open](bool) {
+    // The stream ended before the final event: the client went away.
+    if (!state->done) engine_ptr->Cancel(state->channel);
+    --*open;
+  };
 }
 
 HttpServer::HttpServer(const LoadedModel& model, EngineLoop& engine,
                        const HttpServerOptions& options)
     : impl_(std::make_unique<Impl>(model, engine, options)) {
-  impl_->Routes();
+  HttpListenerOptions lo;
+  lo.host = options.host;
+  lo.port = options.port;
+  lo.limits.max_body_bytes = options.max_body_bytes;
+  lo.worker_threads = options.http_threads;
+  lo.max_connections = options.max_connections;
+  lo.head_timeout = options.head_timeout;
+  lo.body_timeout = options.body_timeout;
+  lo.idle_timeout = options.idle_timeout;
+  Impl* impl = impl_.get();
+  impl_->listener = std::make_unique<HttpListener>(
+      lo, [impl](const HttpExchange& exchange, HttpResponse& res) { impl->Handle(exchange, res); },
+      [](int status, const std::string& message) {
+        return ApiErrorJson(
+            MakeError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
+      });
 }
 
 HttpServer::~HttpServer() = default;
 
-StatusOr<int> HttpServer::Bind() {
-  if (impl_->options.port == 0) {
-    const int port = impl_->server.bind_to_any_port(impl_->options.host);
-    if (port < 0) return Status::Error("cannot listen on " + impl_->options.host);
-    return port;
-  }
-  if (!impl_->server.bind_to_port(impl_->options.host, impl_->options.port)) {
-    return Status::Error("cannot listen on " + impl_->options.host + ":" +
-                         std::to_string(impl_->options.port) + " (in use, or not an address)");
-  }
-  return impl_->options.port;
-}
-
-void HttpServer::Listen() { impl_->server.listen_after_bind(); }
-void HttpServer::Stop() { impl_->server.stop(); }
+StatusOr<int> HttpServer::Bind() { return impl_->listener->Bind(); }
+void HttpServer::Listen() { impl_->listener->Run(); }
+void HttpServer::Stop() { impl_->listener->Stop(); }
 void HttpServer::SetShuttingDown() { impl_->shutting_down.store(true); }
 
 bool HttpServer::WaitRequestsAnswered(std::chrono::milliseconds timeout) {

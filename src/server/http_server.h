@@ -1,10 +1,13 @@
-// The OpenAI-compatible HTTP front end (cpp-httplib): routes, API-key check,
-// body limit, JSON errors, server-sent-event streaming. Generation happens
-// on the EngineLoop's thread; handler threads only parse, tokenize, submit
-// and relay the request's channel to the socket.
+// The OpenAI-compatible HTTP front end over HttpListener (server/
+// http_listener.h): routes, API-key check, JSON errors, server-sent-event
+// streaming. Generation happens on the EngineLoop's thread; handler threads
+// only parse, tokenize, submit and relay the request's channel to the socket.
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true -> SSE)
 //   GET  /v1/models, GET /health, GET /metrics (Prometheus text)
+//
+// A known route asked with another method gets 405 with Allow (RFC 9110
+// §15.5.6), an unknown route 404, an unknown method 501.
 #pragma once
 
 #include <chrono>
@@ -22,10 +25,14 @@ namespace kvq {
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                  // 0 = any free port (see Bind)
-  std::string api_key;              // empty = no authentication
-  std::string model_name;           // the id /v1/models lists and requests must name
-  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
-  int http_threads = 64;            // connections served at once (each stream holds one)
+  std::string api_key;              // empty = no authentication; compared in constant time
+  std::string model_name;           // the id /v1/models lists; requests may omit it
+  size_t max_body_bytes = 8 << 20;  // larger bodies get 413, whatever their framing
+  int http_threads = 64;            // requests handled at once (each stream holds one)
+  int max_connections = 1024;       // open connections (idle or slow ones cost no thread)
+  std::chrono::milliseconds head_timeout{10000};  // see HttpListenerOptions
+  std::chrono::milliseconds body_timeout{60000};
+  std::chrono::milliseconds idle_timeout{10000};
   int64_t default_max_tokens = 16;  // completions without max_tokens (OpenAI's default)
 };
 
@@ -35,6 +42,7 @@ class HttpServer {
   ~HttpServer();
 
   // Binds the listening socket; returns the port (the chosen one for port 0).
+  // A port already in use is an error (no SO_REUSEPORT).
   StatusOr<int> Bind();
   // Serves until Stop(); call after Bind.
   void Listen();

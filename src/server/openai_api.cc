@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -145,6 +146,155 @@ bool ParsePrompt(const json& body, CompletionRequest* request, ApiError* error) 
               "(batched prompts are not supported)");
 }
 
+// {"123": 5.0, ...}: token ids as decimal strings, biases in [-100, 100].
+bool ParseLogitBias(const json& body, CompletionRequest* request, ApiError* error) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_object()) {
+    return Fail(error, "logit_bias", "'logit_bias' must be an object {\"token id\": bias}");
+  }
+  constexpr size_t kMaxEntries = 1024;
+  if (it->size() > kMaxEntries) {
+    return Fail(error, "logit_bias",
+                "'logit_bias' has more than " + std::to_string(kMaxEntries) + " entries");
+  }
+  for (const auto& [key, value] : it->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      return Fail(error, "logit_bias",
+                  "'logit_bias' keys must be token ids (non-negative integers), got '" + key + "'");
+    }
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100) {
+      return Fail(error, "logit_bias",
+                  "'logit_bias' values must be numbers in [-100, 100], got " + value.dump() +
+                      " for token " + key);
+    }
+    request->logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+  }
+  return true;
+}
+
+// temperature, top_p, top_k, seed, n, penalties, logit_bias.
+bool ParseSampling(const json& body, CompletionRequest* request, ApiError* error) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+  if (!GetFloat(body, "temperature", 0, 2, &request->temperature, error)) return false;
+  if (!GetFloat(body, "top_p", 0, 1, &request->top_p, error)) return false;
+  if (request->top_p <= 0) return Fail(error, "top_p", "'top_p' must be greater than 0");
+  std::optional<int64_t> top_k, seed, n;
+  if (!GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k, error)) return false;
+  if (top_k) request->top_k = *top_k < 0 ? 0 : static_cast<int32_t>(*top_k);  // -1: off (vLLM)
+  if (!GetInt(body, "seed", std::numeric_limits<int64_t>::min(), kMaxInt, &seed, error)) {
+    return false;
+  }
+  if (seed) request->seed = static_cast<uint64_t>(*seed);
+  if (!GetInt(body, "n", 1, 1, &n, error)) {
+    error->message = "only n = 1 is supported";
+    return false;
+  }
+  if (!GetFloat(body, "presence_penalty", -2, 2, &request->presence_penalty, error)) return false;
+  if (!GetFloat(body, "frequency_penalty", -2, 2, &request->frequency_penalty, error)) {
+    return false;
+  }
+  if (!ParseLogitBias(body, request, error)) return false;
+  return true;
+}
+
+bool CheckDefaultsOnly(const json& body, ApiError* error);
+
+// Every field is honoured, inert, or refused (see ParseCompletionRequest).
+bool CheckFieldsKnown(const json& body, bool chat, ApiError* error) {
+  static const char* kCommon[] = {"model",
+                                  "max_tokens",
+                                  "temperature",
+                                  "top_p",
+                                  "top_k",
+                                  "seed",
+                                  "n",
+                                  "stream",
+                                  "stream_options",
+                                  "stop",
+                                  "ignore_eos",
+                                  "logprobs",
+                                  "presence_penalty",
+                                  "frequency_penalty",
+                                  "logit_bias",
+                                  "user",
+                                  "best_of",
+                                  "metadata",
+                                  "service_tier",
+                                  "store"};
+  static const char* kChat[] = {"messages",  "max_completion_tokens", "top_logprobs",
+                                "tools",     "tool_choice",           "parallel_tool_calls",
+                                "functions", "function_call",         "response_format",
+                                "modalities"};
+  static const char* kCompletion[] = {"prompt", "echo", "suffix"};
+  auto in = [](const auto& list, const std::string& key) {
+    return std::find(std::begin(list), std::end(list), key) != std::end(list);
+  };
+  for (const auto& [key, value] : body.items()) {
+    if (!in(kCommon, key) && !(chat ? in(kChat, key) : in(kCompletion, key))) {
+      return Fail(error, key,
+                  "unsupported field '" + key + "' (this server does not implement it)");
+    }
+  }
+  return CheckDefaultsOnly(body, error);
+}
+
+// Fields implemented only at their default value: any other value would be
+// ignored, so it is refused.
+bool CheckDefaultsOnly(const json& body, ApiError* error) {
+  auto refuse = [&](const char* field, const std::string& why) {
+    return Fail(error, field, std::string("'") + field + "' " + why);
+  };
+  auto field = [&](const char* name) -> const json* {
+    auto it = body.find(name);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const json* v = field("best_of"); v && *v != 1) {
+    return refuse("best_of", "is not supported: only best_of = 1 (one sample per choice)");
+  }
+  if (const json* v = field("store"); v && *v != false) {
+    return refuse("store", "is not supported: completions are not stored");
+  }
+  if (const json* v = field("user"); v && !v->is_string())
+    return refuse("user", "must be a string");
+  if (const json* v = field("service_tier"); v && !v->is_string()) {
+    return refuse("service_tier", "must be a string");
+  }
+  if (const json* v = field("metadata"); v && !v->is_object()) {
+    return refuse("metadata", "must be an object");
+  }
+  if (const json* v = field("suffix"); v && *v != "") {
+    return refuse("suffix", "is not supported (insertion after the completion)");
+  }
+  if (const json* v = field("tools"); v && !(v->is_array() && v->empty())) {
+    return refuse("tools", "are not supported (no tool calling)");
+  }
+  if (const json* v = field("functions"); v && !(v->is_array() && v->empty())) {
+    return refuse("functions", "are not supported (no function calling)");
+  }
+  if (const json* v = field("tool_choice"); v && *v != "none") {
+    return refuse("tool_choice", "is not supported (no tool calling)");
+  }
+  if (const json* v = field("function_call"); v && *v != "none") {
+    return refuse("function_call", "is not supported (no function calling)");
+  }
+  if (const json* v = field("parallel_tool_calls"); v && !v->is_boolean()) {
+    return refuse("parallel_tool_calls", "must be a boolean");
+  }
+  if (const json* v = field("response_format");
+      v && !(v->is_object() && v->size() == 1 && v->value("type", "") == "text")) {
+    return refuse("response_format", "is not supported: only {\"type\": \"text\"}");
+  }
+  if (const json* v = field("modalities"); v && *v != json::array({"text"})) {
+    return refuse("modalities", "is not supported: only [\"text\"]");
+  }
+  return true;
+}
+
 json UsageJson(const CompletionUsage& usage) {
   return {{"prompt_tokens", usage.prompt_tokens},
           {"completion_tokens", usage.completion_tokens},
@@ -224,10 +374,12 @@ bool ParseCompletionRequest(std::string_view body_text, bool chat, CompletionReq
   if (body.is_discarded()) return Fail(error, "", "the request body is not valid JSON");
   if (!body.is_object()) return Fail(error, "", "the request body must be a JSON object");
 
+  if (!CheckFieldsKnown(body, chat, error)) return false;
   auto model = body.find("model");
-  if (model == body.end() || model->is_null()) return Fail(error, "model", "'model' is required");
-  if (!model->is_string()) return Fail(error, "model", "'model' must be a string");
-  request->model = model->get<std::string>();
+  if (model != body.end() && !model->is_null()) {
+    if (!model->is_string()) return Fail(error, "model", "'model' must be a string");
+    request->model = model->get<std::string>();
+  }
 
   if (chat ? !ParseMessages(body, request, error) : !ParsePrompt(body, request, error)) {
     return false;
@@ -241,20 +393,7 @@ bool ParseCompletionRequest(std::string_view body_text, bool chat, CompletionReq
   }
   request->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
 
-  if (!GetFloat(body, "temperature", 0, 2, &request->temperature, error)) return false;
-  if (!GetFloat(body, "top_p", 0, 1, &request->top_p, error)) return false;
-  if (request->top_p <= 0) return Fail(error, "top_p", "'top_p' must be greater than 0");
-  std::optional<int64_t> top_k, seed, n;
-  if (!GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k, error)) return false;
-  if (top_k) request->top_k = *top_k < 0 ? 0 : static_cast<int32_t>(*top_k);  // -1: off (vLLM)
-  if (!GetInt(body, "seed", std::numeric_limits<int64_t>::min(), kMaxInt, &seed, error)) {
-    return false;
-  }
-  if (seed) request->seed = static_cast<uint64_t>(*seed);
-  if (!GetInt(body, "n", 1, 1, &n, error)) {
-    error->message = "only n = 1 is supported";
-    return false;
-  }
+  if (!ParseSampling(body, request, error)) return false;
   if (!GetBool(body, "stream", &request->stream, error)) return false;
   if (!GetBool(body, "ignore_eos", &request->ignore_eos, error)) return false;
   if (!chat && !GetBool(body, "echo", &request->echo, error)) return false;

@@ -25,14 +25,19 @@ std::string ApiErrorJson(const ApiError& error);
 
 struct CompletionRequest {
   bool chat = false;
-  std::string model;
+  std::string model;                  // empty: the request named none (the server's only model)
   std::string prompt;                 // completions: text prompt
   std::vector<int32_t> prompt_ids;    // completions: prompt given as token ids
   std::vector<ChatMessage> messages;  // chat
   std::optional<int64_t> max_tokens;  // absent: the server picks
   float temperature = 1.0f;           // OpenAI's default
   float top_p = 1.0f;
-  int32_t top_k = 0;  // vLLM extension; 0 = off
+  int32_t top_k = 0;               // vLLM extension; 0 = off
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
+  // logit_bias: {"token id": bias in [-100, 100]}; ids are checked against
+  // the vocabulary by the server, which knows it.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
@@ -46,7 +51,11 @@ struct CompletionRequest {
 };
 
 // Parses and type-checks a request body. Never throws; any malformed input
-// gives an ApiError naming the field.
+// gives an ApiError naming the field. Every field is either honoured or
+// refused: a field this server does not implement (best_of > 1, tools,
+// response_format other than text, an unknown name...) is a 400 naming it,
+// never silently ignored. Fields that cannot change the output (user,
+// metadata, service_tier) are accepted.
 bool ParseCompletionRequest(std::string_view body, bool chat, CompletionRequest* request,
                             ApiError* error);
 

@@ -12,6 +12,7 @@
 #include "model/model_files.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -110,8 +111,7 @@ int RunBenchCommand(const BenchFlags& flags) {
 void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill/decode throughput, llama-bench style");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-p,--n-prompt", flags->prompt_tokens,
                   "Prefill test sizes in tokens, comma-separated (default 512)")
       ->delimiter(',');
@@ -124,7 +124,7 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-r,--repetitions", flags->repetitions, "Timed runs per test (default 5)")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunBenchCommand(*flags); });
 }

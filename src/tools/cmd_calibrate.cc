@@ -10,6 +10,7 @@
 #include "engine/loaded_model.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -83,8 +84,7 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
       "codebooks for each --bits (safetensors; tensor names in kv/kv_calibration.h).\n"
       "Key channels are weighted by the expected squared query component they multiply\n"
       "(gradient-free; engine/calibrate.h), values uniformly.");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
   cmd->add_option("-o,--output", flags->output, "Calibration file to write")->required();
   cmd->add_option("--bits", flags->bits, "Bit widths to make codebooks for (default 2,3,4)")
@@ -108,7 +108,7 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
                   "Squared gradients per K/V element from tools/train/kvquant_fisher.py (same "
                   "text, --tokens, --ctx) to weight the k-means with (KVQuant's Fisher weights)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->callback([flags, &ctx] { ctx.exit_code = RunCalibrateCommand(*flags); });
 }
 

@@ -9,6 +9,7 @@
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -57,7 +58,10 @@ int RunGenerate(const GenerateFlags& flags) {
   GenerateOptions options;
   options.max_new_tokens = flags.max_new_tokens;
   options.chat = flags.chat;
-  options.sampling = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  options.sampling.temperature = flags.temperature;
+  options.sampling.top_k = flags.top_k;
+  options.sampling.top_p = flags.top_p;
+  options.sampling.seed = flags.seed;
   GenerateStats stats;
   if (!flags.chat) std::fputs(flags.prompt.c_str(), stdout);
   Status status = Generate(
@@ -108,21 +112,20 @@ int RunGenerate(const GenerateFlags& flags) {
 void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-p,--prompt", flags->prompt, "Prompt text")->required();
   cmd->add_option("-n,--max-tokens", flags->max_new_tokens, "Tokens to generate (default 64)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--temp", flags->temperature, "Sampling temperature; 0 = greedy (default 0)")
-      ->check(CLI::Range(0.0f, 100.0f));
+      ->check(FiniteRange(0, 100));
   cmd->add_option("--top-k", flags->top_k, "Keep the k most likely tokens; 0 = all (default 40)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", flags->top_p, "Nucleus probability mass (default 0.95)")
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(FiniteRange(0, 1));
   cmd->add_option("--seed", flags->seed, "Sampling seed (default 0)");
   cmd->add_flag("--chat", flags->chat, "Apply the model's chat template to the prompt");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->add_option("-c,--ctx", flags->context,
                   "Context length in tokens (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);

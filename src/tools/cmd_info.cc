@@ -1,6 +1,7 @@
 // kvq info: what a model file is — architecture, shapes, dtypes, parameter
 // count, KV-cache bytes per token, tokenizer.
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "model/tokenizer_spec.h"
 #include "model/transformer.h"
 #include "tools/commands.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -42,6 +44,35 @@ void PrintTokenizer(const TokenizerSpec& t) {
               t.chat_template.empty() ? "none" : "present");
 }
 
+// llama.cpp's names for general.file_type (llama_ftype): the "mostly" type of
+// the file's matrices, as users read it on model cards ("Q4_K_M").
+const char* GgufFileTypeName(int64_t file_type) {
+  static constexpr const char* kNames[] = {
+      "F32",   "F16",     "Q4_0",   "Q4_1",   nullptr,  nullptr,   nullptr,  "Q8_0",   "Q5_0",
+      "Q5_1",  "Q2_K",    "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S",  "Q4_K_M", "Q5_K_S", "Q5_K_M",
+      "Q6_K",  "IQ2_XXS", "IQ2_XS", "Q2_K_S", "IQ3_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL", "IQ3_S",
+      "IQ3_M", "IQ2_S",   "IQ2_M",  "IQ4_XS", "IQ1_M",  "BF16"};
+  if (file_type >= 0 && file_type < static_cast<int64_t>(std::size(kNames)) &&
+      kNames[file_type] != nullptr) {
+    return kNames[file_type];
+  }
+  return "unknown";
+}
+
+// What a GGUF file says it is, so a user can check a download against its
+// model card: general.name, license and llama.cpp's file type.
+void PrintGgufIdentity(const GgufFile& gguf) {
+  auto name = gguf.GetString("general.name");
+  auto license = gguf.GetString("general.license");
+  auto file_type = gguf.GetInt("general.file_type");
+  std::printf("name:         %s\n", name.ok() ? name->c_str() : "(no general.name)");
+  std::printf("license:      %s\n", license.ok() ? license->c_str() : "(no general.license)");
+  if (file_type.ok()) {
+    std::printf("file type:    %lld (%s)\n", static_cast<long long>(*file_type),
+                GgufFileTypeName(*file_type));
+  }
+}
+
 // A GGUF without tensors (llama.cpp's ggml-vocab-*.gguf): say so and show
 // what it does hold.
 Status InfoVocabOnly(const std::string& path) {
@@ -65,6 +96,7 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
   KVQ_ASSIGN_OR_RETURN(ModelFiles m, OpenModel(path));
   const ModelConfig& c = m.config;
   std::printf("model:        %s (%s)\n", path.c_str(), ModelFormatName(m.format));
+  if (m.gguf != nullptr) PrintGgufIdentity(*m.gguf);
   std::printf("architecture: %s\n", ArchitectureName(c.arch));
   std::printf("layers:       %lld, hidden %lld, ffn %lld\n", (long long)c.num_layers,
               (long long)c.hidden_size, (long long)c.intermediate_size);
@@ -152,7 +184,11 @@ void RegisterInfoCommand(CLI::App& app, CommandContext& ctx) {
   auto kv_type = std::make_shared<std::string>("f16");
   CLI::App* cmd = app.add_subcommand(
       "info", "Show a model's architecture, shapes, dtypes, parameter count and KV bytes/token");
-  cmd->add_option("model", *path, "A .gguf file or a Hugging Face folder")->required();
+  cmd->add_option("model", *path,
+                  "A .gguf file, a Hugging Face folder, or a hub id in the local Hugging Face "
+                  "cache")
+      ->required()
+      ->transform(ModelArgResolver());
   cmd->add_option("--kv-cache-dtype", *kv_type,
                   "Cache type the KV plan line is computed for (default f16; see kvq plan)");
   cmd->callback([&ctx, path, kv_type] {

@@ -15,6 +15,7 @@
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -28,6 +29,7 @@ struct PerplexityFlags {
   int threads = 0;
   std::string save_logits;
   bool save_logits_f32 = false;
+  std::string logits_format = "kvq";
   std::string kl_divergence;
   KvFlags kv;
 };
@@ -57,6 +59,8 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
   popts.max_windows = flags.chunks;
   popts.save_logits_path = flags.save_logits;
   popts.save_logits_f32 = flags.save_logits_f32;
+  popts.save_logits_format =
+      flags.logits_format == "llama" ? LogitsFormat::kLlamaCpp : LogitsFormat::kKvq;
   popts.kl_base_path = flags.kl_divergence;
   std::fprintf(stderr,
                "kvq perplexity: %s, %d threads, KV cache K %s / V %s%s (%.1f bytes/token), "
@@ -97,7 +101,10 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
               r.seconds > 0 ? r.tokens_scored / r.seconds : 0.0);
   if (!flags.save_logits.empty()) {
     std::printf("saved:       log-probs of %lld positions to %s (%s)\n", (long long)r.tokens_scored,
-                flags.save_logits.c_str(), flags.save_logits_f32 ? "f32" : "f16");
+                flags.save_logits.c_str(),
+                flags.logits_format == "llama" ? "llama.cpp format"
+                : flags.save_logits_f32        ? "f32"
+                                               : "f16");
   }
   if (r.kl) {
     const KlStats& k = *r.kl;
@@ -126,8 +133,7 @@ void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx) {
       "first token. The first half of a window is context only: logit rows ctx/2 .. ctx-2\n"
       "are scored against the next token, ctx/2 - 1 tokens per window. PPL = exp(mean NLL),\n"
       "error = PPL * sqrt(var(NLL) / (n - 1)). --kl-divergence reports KL(base || this).");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file, "Text file to score")->required();
   cmd->add_option("-c,--ctx", flags->context,
                   "Window length in tokens, even; the second half is scored (default 512)");
@@ -137,14 +143,21 @@ void RegisterPerplexityCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--chunks", flags->chunks, "Score at most this many windows (default: all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->add_option("--save-logits", flags->save_logits,
                   "Write the scored positions' log-probs here (a baseline for --kl-divergence)");
   cmd->add_flag("--save-logits-f32", flags->save_logits_f32,
                 "Store log-probs as f32 (twice the size; default f16). f16 storage alone adds a "
                 "KL of ~1e-6 nats: use f32 to compare near-lossless caches such as f16");
+  cmd->add_option("--logits-format", flags->logits_format,
+                  "Format of --save-logits: kvq (default) or llama, the file llama-perplexity "
+                  "--kl-divergence-base writes and reads (16-bit log-probs within 16 nats of the "
+                  "top one)")
+      ->check(CLI::IsMember({"kvq", "llama"}));
   cmd->add_option("--kl-divergence", flags->kl_divergence,
-                  "Compare against a --save-logits file: KL(base || this), top-1 agreement");
+                  "Compare against a baseline: a kvq --save-logits file or llama-perplexity's "
+                  "--kl-divergence-base file (told apart by magic). Prints KL(base || this) and "
+                  "top-1 agreement");
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunPerplexityCommand(*flags); });
 }

@@ -13,6 +13,7 @@
 #include "model/model_presets.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -291,8 +292,9 @@ void RegisterPlanCommand(CLI::App& app, CommandContext& ctx) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "KV-cache and weight memory per cache type; does batch x context fit?");
   cmd->add_option("-m,--model", flags->model,
-                  "Preset name (see --list-presets), GGUF file or Hugging Face folder "
-                  "(default: the shipped model)");
+                  "Preset name (see --list-presets), GGUF file, Hugging Face folder or hub id "
+                  "in the local Hugging Face cache (default: the default model)")
+      ->transform(ModelArgResolver());
   cmd->add_option("-c,--ctx", flags->context,
                   "Context in tokens per sequence (default: the model's context)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));

@@ -12,11 +12,13 @@
 #include "base/threads.h"
 #include "engine/loaded_model.h"
 #include "kv/kv_factory.h"
+#include "server/api_key.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -27,6 +29,7 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
+  std::string api_key_file;
   int64_t max_model_len = 0;
   int64_t max_num_seqs = 16;
   int64_t max_num_batched_tokens = 512;
@@ -86,6 +89,11 @@ int RunServe(const ServeFlags& flags) {
   http_options.host = flags.host;
   http_options.port = flags.port;
   http_options.api_key = flags.api_key;
+  if (!flags.api_key_file.empty()) {
+    auto key = ReadApiKeyFile(flags.api_key_file);
+    if (!key.ok()) return Fail(key.status().message());
+    http_options.api_key = std::move(key).value();
+  }
   http_options.http_threads = flags.http_threads;
   http_options.model_name = flags.served_model_name;
   if (http_options.model_name.empty()) {
@@ -148,15 +156,18 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd =
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model id in the API (default: the model's file or folder name)");
   cmd->add_option("--host", flags->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", flags->port, "Port; 0 = any free port, printed at start (default 8000)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", flags->api_key,
-                  "Require 'Authorization: Bearer KEY' on /v1/* (default: no key)");
+  CLI::Option* key = cmd->add_option("--api-key", flags->api_key,
+                                     "Require 'Authorization: Bearer KEY' on /v1/* (default: no "
+                                     "key); visible to other users in ps: prefer --api-key-file");
+  cmd->add_option("--api-key-file", flags->api_key_file,
+                  "Read the API key from this file (one line), so it appears on no command line")
+      ->excludes(key);
   cmd->add_option("--max-model-len", flags->max_model_len,
                   "Prompt + generated tokens per request (default: the model's context)")
       ->check(CLI::NonNegativeNumber);
@@ -168,16 +179,17 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
          "Tokens in one forward pass; longer prompts are prefilled in chunks (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--max-waiting", flags->max_waiting,
-                  "Requests queued for admission before new ones get HTTP 429 (default 64)")
+                  "Requests queued for admission before new ones get HTTP 429 (default 64); 0 = "
+                  "no queue: a request is taken only when a batch slot is free and none waits")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--http-threads", flags->http_threads,
                   "Connections served at once; each open stream holds one (default 64)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--shutdown-timeout", flags->shutdown_timeout,
                   "Seconds SIGTERM waits for running requests before cancelling them (default 30)")
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(FiniteRange(0, 3600));
   cmd->add_option("-t,--threads", flags->threads, "Threads for the model (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunServe(*flags); });
 }

@@ -13,19 +13,32 @@
 #include <vector>
 
 #include "base/threads.h"
+#include "engine/chat_template.h"
 #include "engine/default_model.h"
 #include "engine/loaded_model.h"
 #include "engine/planner.h"
 #include "engine/study.h"
 #include "engine/study_report.h"
+#include "engine/study_resume.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
+#include "tools/model_arg.h"
+#include "tools/study_tables.h"
 
 namespace kvq {
 namespace {
 
+// The needle and GSM8K stages' default schemes: a spread of bit widths and
+// families (the full study's 17 would take days at 20 trials a cell). The
+// GSM8K list has kivi2 with (kivi2) and without (the same codecs, no -r)
+// its 128-token f16 window, and int2, as issue 17 asks.
+constexpr const char* kDefaultNeedleSchemes = "f16,int8,int4,int4+rot,kivi4,kivi2,kvquant3,int2";
+constexpr const char* kDefaultGsm8kSchemes =
+    "f16,int8,int4,kivi4,kivi2,int2-c32-asym/int2-g32-asym,int2";
+
 struct StudyFlags {
-  std::string model;
+  std::vector<std::string> models;
+  std::vector<std::string> compare;  // study JSONs to put side by side (no run)
   std::string file;
   std::string schemes;
   bool quick = false;
@@ -44,6 +57,18 @@ struct StudyFlags {
   std::string kv_calibration;
   std::string calib_file;
   int64_t calib_tokens = 0;  // 0 = the mode's default
+  bool full = false;         // + needle (20 trials, 1K-8K) and GSM8K (250 problems)
+  bool niah = false;         // + a small needle stage
+  bool no_core = false;      // skip capture .. end to end
+  std::string results_dir;
+  std::string chat = "auto";
+  std::string niah_tasks, niah_schemes;
+  std::vector<int64_t> niah_contexts;
+  std::vector<double> niah_depths;
+  int niah_trials = 0;
+  std::string gsm8k_data, gsm8k_schemes;
+  int64_t gsm8k_problems = 0;
+  int gsm8k_max_tokens = 320;
 };
 
 int Fail(const std::string& message) {
@@ -126,120 +151,125 @@ class Progress {
   std::string last_;
 };
 
-std::string Num(const nlohmann::json& j, const char* fmt) {
-  if (!j.is_number()) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), fmt, j.get<double>());
-  return buf;
+// The needle and GSM8K stages' options from the flags (model-dependent
+// defaults; chat "auto" needs the loaded tokenizer).
+Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
+                            const std::string& model_path, StudyOptions& o) {
+  const ModelConfig& c = model.transformer->config();
+  const KvShape shape = model.transformer->kv_shape();
+  const bool has_template = ChatTemplate::FromJinja(model.tokenizer->chat_template()).ok();
+  auto chat = [&](const std::string& mode) -> StatusOr<bool> {
+    if (mode == "auto") return has_template;
+    if (mode == "on" && !has_template) {
+      return Status::Error("--chat on: the model has no chat template kvq knows");
+    }
+    if (mode == "on" || mode == "off") return mode == "on";
+    return Status::Error("--chat must be auto, on or off; got '" + mode + "'");
+  };
+  std::string stem = std::filesystem::path(model_path).filename().string();
+  if (stem.empty()) stem = std::filesystem::path(model_path).parent_path().filename().string();
+  const std::string results =
+      flags.results_dir.empty() ? "kvq-study-results/" + ResultFileStem(stem) : flags.results_dir;
+  o.core = !flags.no_core;
+  o.needle.run = flags.full || flags.niah;
+  if (o.needle.run) {
+    NeedleOptions& n = o.needle.options;
+    const std::string tasks =
+        !flags.niah_tasks.empty()
+            ? flags.niah_tasks
+            : (flags.full ? AllNeedleTasks() : "single_repeat,multikey_repeat");
+    for (size_t start = 0; start <= tasks.size();) {
+      const size_t comma = std::min(tasks.find(',', start), tasks.size());
+      KVQ_ASSIGN_OR_RETURN(NeedleTask t, ParseNeedleTask(tasks.substr(start, comma - start)));
+      n.tasks.push_back(t);
+      start = comma + 1;
+    }
+    n.contexts = flags.niah_contexts;
+    if (n.contexts.empty()) {
+      for (int64_t x : {1024, 2048, 4096, 8192}) {
+        if (x <= c.max_position_embeddings && (flags.full || x <= 2048)) n.contexts.push_back(x);
+      }
+    }
+    for (int64_t x : n.contexts) {
+      if (x > c.max_position_embeddings) {
+        return Status::Error("--niah-contexts " + std::to_string(x) + " exceeds the model's " +
+                             std::to_string(c.max_position_embeddings));
+      }
+    }
+    if (n.contexts.empty()) return Status::Error("no needle context fits the model's context");
+    if (!flags.niah_depths.empty()) n.depths = flags.niah_depths;
+    n.trials = flags.niah_trials > 0 ? flags.niah_trials : (flags.full ? 20 : 4);
+    n.seed = flags.seed;
+    KVQ_ASSIGN_OR_RETURN(n.chat, chat(flags.chat));
+    KVQ_ASSIGN_OR_RETURN(
+        o.needle.schemes,
+        ParseSchemeList(flags.niah_schemes.empty() ? kDefaultNeedleSchemes : flags.niah_schemes,
+                        shape));
+    o.needle.dir = results + "/needle";
+  }
+  o.gsm8k.run = flags.full || flags.gsm8k_problems > 0;
+  if (o.gsm8k.run) {
+    o.gsm8k.data_path = flags.gsm8k_data.empty() ? DefaultGsm8kPath() : flags.gsm8k_data;
+    if (o.gsm8k.data_path.empty()) {
+      return Status::Error("GSM8K data not found (../shared/data/gsm8k/test.jsonl); pass --gsm8k");
+    }
+    const std::string sums =
+        (std::filesystem::path(o.gsm8k.data_path).parent_path() / "SHA256SUMS").string();
+    std::error_code ec;
+    o.gsm8k.sha256sums_path = std::filesystem::exists(sums, ec) ? sums : "";
+    o.gsm8k.options.problems = flags.gsm8k_problems > 0 ? flags.gsm8k_problems : 250;
+    o.gsm8k.options.max_new_tokens = flags.gsm8k_max_tokens;
+    KVQ_ASSIGN_OR_RETURN(o.gsm8k.options.chat, chat(flags.chat));
+    KVQ_ASSIGN_OR_RETURN(
+        o.gsm8k.schemes,
+        ParseSchemeList(flags.gsm8k_schemes.empty() ? kDefaultGsm8kSchemes : flags.gsm8k_schemes,
+                        shape));
+    o.gsm8k.dir = results + "/gsm8k";
+  }
+  return Status::Ok();
 }
 
-void PrintTables(const nlohmann::json& s) {
-  const auto& m = s["model"];
-  std::printf("model: %s (%s, %lld layers, %lld heads / %lld KV heads, head_dim %lld)\n",
-              m["path"].get<std::string>().c_str(), m["architecture"].get<std::string>().c_str(),
-              (long long)m["layers"], (long long)m["heads"], (long long)m["kv_heads"],
-              (long long)m["head_dim"]);
-  std::printf("\nOutliers (captured %lld tokens; channels with mean |x| > 4x the head's median)\n",
-              (long long)s["outliers"]["capture_tokens"]);
-  std::printf("%-6s %-5s %-24s %-11s %-24s %-10s %s\n", "layer", "head", "K pre-RoPE outliers",
-              "consistent", "K post-RoPE outliers", "V outliers", "sink mass");
-  for (const auto& l : s["outliers"]["layers"]) {
-    const auto& pre = l["k_pre_rope_outlier_channels"];
-    for (size_t h = 0; h < pre.size(); ++h) {
-      std::printf("%-6lld %-5zu %-24s %-11s %-24s %-10s %s\n", (long long)l["layer"], h,
-                  pre[h].dump().c_str(), Num(l["k_outlier_consistency"][h], "%.2f").c_str(),
-                  l["k_post_rope_outlier_channels"][h].dump().c_str(),
-                  l["v_outlier_channels"][h].dump().c_str(),
-                  h == 0 ? Num(l["sink_mass"], "%.3f").c_str() : "");
-    }
-  }
-  std::printf(
-      "\nFake quantization of the captured K/V (overall; %s; per-channel groups of %lld "
-      "tokens)\n",
-      s["fake_quant"]["quantizer"].get<std::string>().c_str(),
-      (long long)s["fake_quant"]["per_channel_group_tokens"]);
-  std::printf("%-62s %4s %11s %11s %11s\n", "row", "bits", "score err", "prob KL", "output err");
-  for (const auto& r : s["fake_quant"]["rows"]) {
-    std::printf("%-62s %4d %11s %11s %11s\n", r["name"].get<std::string>().c_str(),
-                r["bits"].get<int>(), Num(r["score_rel_error"], "%.4f").c_str(),
-                Num(r["prob_kl"], "%.3e").c_str(), Num(r["output_rel_error"], "%.4f").c_str());
-  }
-  std::printf("\nEnd to end with real caches (KL and top-1 vs the f16 cache)\n");
-  if (s.contains("calibration") && s["calibration"].is_object()) {
-    const auto& c = s["calibration"];
-    if (c["source"] == "file") {
-      std::printf("KVQuant calibration: %s\n", c["path"].get<std::string>().c_str());
-    } else {
-      std::printf(
-          "KVQuant calibration: %s, %lld tokens (%lld windows of %lld), weights %s, %.1f s\n",
-          c["text"].get<std::string>().c_str(), (long long)c["tokens"], (long long)c["windows"],
-          (long long)c["context"], c["method"].get<std::string>().c_str(),
-          c["seconds"].get<double>());
-    }
-  }
-  std::printf("%-14s %8s %10s %6s %20s %10s %10s %7s %8s\n", "scheme", "bits/val", "bytes/tok",
-              "x f16", "PPL", "KL mean", "KL p99", "top-1", "recall");
-  for (const auto& r : s["schemes"]) {
-    int correct = 0, trials = 0;
-    for (const auto& c : r["recall"]) {
-      correct += c["correct"].get<int>();
-      trials += c["trials"].get<int>();
-    }
-    const std::string ppl = Num(r["ppl"], "%.3f") + " +/- " + Num(r["ppl_error"], "%.3f");
-    std::printf("%-14s %8s %10s %6s %20s %10s %10s %7s %4d/%-3d\n",
-                r["name"].get<std::string>().c_str(), Num(r["bits_per_value"], "%.2f").c_str(),
-                Num(r["bytes_per_token"], "%.0f").c_str(),
-                Num(r["compression_vs_f16"], "%.2f").c_str(), ppl.c_str(),
-                Num(r["kl_mean"], "%.2e").c_str(), Num(r["kl_p99"], "%.2e").c_str(),
-                Num(r["top1_agreement"], "%.4f").c_str(), correct, trials);
-  }
-  const auto& t = s["timings_seconds"];
-  std::printf(
-      "\ntime: capture %.1f s, outliers %.1f s, fake quant %.1f s, end to end %.1f s, "
-      "total %.1f s\n",
-      t["capture"].get<double>(), t["outliers"].get<double>(), t["fake_quant"].get<double>(),
-      t["end_to_end"].get<double>(), t["total"].get<double>());
-}
-
-int RunStudyCommand(const StudyFlags& flags) {
-  const std::string model_path = flags.model.empty() ? DefaultModelPath() : flags.model;
-  if (model_path.empty())
-    return Fail("no model given and the default model was not found; pass -m");
+// One model's study; writes its JSON to `json_path`.
+StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string& model_path,
+                                     const std::string& json_path) {
   const std::string text_path = flags.file.empty() ? DefaultStudyTextPath() : flags.file;
   if (text_path.empty()) {
-    return Fail("no text given and .deps/corpus/test.txt was not found; pass -f FILE");
+    return Status::Error("no text given and .deps/corpus/test.txt was not found; pass -f FILE");
   }
-  auto text = ReadTextFile(text_path);
-  if (!text.ok()) return Fail(text.status().message());
-
-  auto plan = LoadPlanModel(model_path);
-  if (!plan.ok()) return Fail(plan.status().message());
-  const ModelConfig& c = plan->config;
+  KVQ_ASSIGN_OR_RETURN(std::string text, ReadTextFile(text_path));
+  KVQ_ASSIGN_OR_RETURN(PlanModel plan, LoadPlanModel(model_path));
+  const ModelConfig& c = plan.config;
   const KvShape shape = PlanKvShape(c);
   const std::string scheme_list = flags.schemes.empty() ? DefaultStudySchemes() : flags.schemes;
-  auto schemes = ParseSchemeList(scheme_list, shape);
-  if (!schemes.ok()) return Fail(schemes.status().message());
+  KVQ_ASSIGN_OR_RETURN(std::vector<SchemeSpec> schemes, ParseSchemeList(scheme_list, shape));
 
   StudyOptions o;
   o.quick = flags.quick;
   const int64_t model_ctx = c.max_position_embeddings;
-  // Defaults sized for the <= 2 min (--quick, one core) / <= 10 min budgets
-  // on the shipped model; every one can be overridden.
+  // Defaults sized for the <= 3 min (--quick) / <= 15 min budgets on 2
+  // cores; every one can be overridden.
   o.context =
       flags.context > 0 ? flags.context : std::min<int64_t>(model_ctx, flags.quick ? 256 : 1024);
   o.chunks = flags.chunks >= 0 ? flags.chunks : (flags.quick ? 2 : 4);
-  o.capture_tokens = flags.capture > 0 ? flags.capture : o.context;
+  // Fake quantization costs capture^2 per head and layer: 512 tokens keep it
+  // near 30 s on a 30-layer model (SmolLM2-135M) instead of ~2 min at 1024.
+  o.capture_tokens = flags.capture > 0 ? flags.capture : std::min<int64_t>(o.context, 512);
   o.batch = flags.batch;
-  o.schemes = *schemes;
-  const int64_t top = std::min<int64_t>(model_ctx, 4096);  // recall's longest default context
+  o.schemes = schemes;
+  // Passkey prompts are most of the end-to-end time (17 schemes x every
+  // prompt's prefill): on SmolLM2-135M, 2 shared cores prefill ~150-250
+  // tokens/s, so the defaults keep ~4.6K recall tokens a scheme (~1.5K with
+  // --quick) to stay within 15 (3) minutes (--quick measured 178 s there). Long contexts are the
+  // needle stage's job (--niah, --full).
+  const int64_t top = std::min<int64_t>(model_ctx, 2048);
   o.recall.contexts = flags.recall_contexts;
   if (o.recall.contexts.empty()) {
-    o.recall.contexts = flags.quick ? std::vector<int64_t>{top / 4, top}
-                                    : std::vector<int64_t>{top / 4, top / 2, top};
+    o.recall.contexts =
+        flags.quick ? std::vector<int64_t>{top / 4} : std::vector<int64_t>{top / 4, top / 2};
   }
   if (!flags.recall_depths.empty()) o.recall.depths = flags.recall_depths;
-  if (flags.quick && flags.recall_depths.empty()) o.recall.depths = {0.0, 0.5, 1.0};
-  o.recall.trials = flags.recall_trials > 0 ? flags.recall_trials : (flags.quick ? 1 : 2);
+  if (flags.recall_depths.empty()) o.recall.depths = {0.0, 0.5, 1.0};
+  o.recall.trials = flags.recall_trials > 0 ? flags.recall_trials : 1;
   o.recall.seed = flags.seed;
   o.dump_path = flags.dump;
   o.threads = flags.threads > 0 ? flags.threads : AvailableThreads();
@@ -257,36 +287,78 @@ int RunStudyCommand(const StudyFlags& flags) {
       flags.calib_file.empty() ? DefaultCalibrationTextPath(text_path) : flags.calib_file;
   if (!o.calibration_text_path.empty() && o.calibration_path.empty()) {
     auto calib_text = ReadTextFile(o.calibration_text_path);
-    if (!calib_text.ok()) return Fail("calibration text: " + calib_text.status().message());
+    if (!calib_text.ok()) return calib_text.status().WithContext("calibration text");
     o.calibration_text = std::move(calib_text).value();
   }
 
-  Status fits = CheckFits(model_path, o.schemes, o.capture_tokens);
-  if (!fits.ok()) return Fail(fits.message());
-  auto loaded = LoadModel(model_path, o.threads);
-  if (!loaded.ok()) return Fail(loaded.status().message());
-  o.model_path = loaded->path;
+  KVQ_RETURN_IF_ERROR(CheckFits(model_path, o.schemes, o.capture_tokens));
+  KVQ_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(model_path, o.threads));
+  o.model_path = loaded.path;
+  KVQ_RETURN_IF_ERROR(ConfigureExtraStages(flags, loaded, model_path, o));
   std::fprintf(stderr,
                "kvq study: %s, text %s, %d threads, --ctx %lld x %lld windows, capture %lld "
-               "tokens, %zu schemes%s\n",
-               loaded->path.c_str(), text_path.c_str(), o.threads, (long long)o.context,
+               "tokens, %zu schemes%s%s%s%s\n",
+               loaded.path.c_str(), text_path.c_str(), o.threads, (long long)o.context,
                (long long)o.chunks, (long long)o.capture_tokens, o.schemes.size(),
-               o.quick ? " (--quick)" : "");
+               o.quick ? " (--quick)" : "", o.core ? "" : " (no core stages)",
+               o.needle.run ? (", needle stage in " + o.needle.dir).c_str() : "",
+               o.gsm8k.run ? (", GSM8K stage in " + o.gsm8k.dir).c_str() : "");
   Progress progress;
-  auto result = RunStudy(*loaded, *text, o, [&](const StudyEvent& e) { progress(e); });
+  auto result = RunStudy(loaded, text, o, [&](const StudyEvent& e) { progress(e); });
   progress.Done();
-  if (!result.ok()) return Fail(result.status().message());
-  PrintTables(*result);
+  if (!result.ok()) return result.status();
+  PrintStudyTables(*result);
   {
-    std::ofstream out(flags.json);
-    if (!out) return Fail(flags.json + ": cannot write the JSON");
+    std::ofstream out(json_path);
+    if (!out) return Status::Error(json_path + ": cannot write the JSON");
     out << result->dump(1) << "\n";
-    if (!out) return Fail(flags.json + ": write failed");
+    if (!out) return Status::Error(json_path + ": write failed");
   }
-  std::printf("json: %s\n", flags.json.c_str());
+  std::printf("json: %s\n", json_path.c_str());
   if (!flags.dump.empty()) std::printf("dump: %s\n", flags.dump.c_str());
+  return result;
+}
+
+// study.json -> study-<model>.json for one of several models.
+std::string JsonPathFor(const std::string& json, const std::string& model, size_t index) {
+  std::filesystem::path p(json);
+  std::string name = std::filesystem::path(model).filename().string();
+  if (name.empty()) name = "model" + std::to_string(index + 1);
+  return (p.parent_path() /
+          (p.stem().string() + "-" + ResultFileStem(name) + p.extension().string()))
+      .string();
+}
+
+int RunStudyCommand(const StudyFlags& flags) {
+  std::vector<nlohmann::json> studies;
+  if (!flags.compare.empty()) {
+    if (!flags.models.empty()) return Fail("--compare reads study JSONs: no -m with it");
+    if (flags.report.empty()) return Fail("--compare needs --report OUT.html");
+    for (const std::string& path : flags.compare) {
+      auto text = ReadTextFile(path);
+      if (!text.ok()) return Fail(text.status().message());
+      nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+      if (j.is_discarded()) return Fail(path + ": not valid JSON");
+      studies.push_back(std::move(j));
+    }
+  } else {
+    std::vector<std::string> models = flags.models;
+    if (models.empty()) {
+      const std::string path = DefaultModelPath();
+      if (path.empty()) return Fail("no model given and the default model was not found; pass -m");
+      models.push_back(path);
+    }
+    for (size_t i = 0; i < models.size(); ++i) {
+      const std::string json =
+          models.size() == 1 ? flags.json : JsonPathFor(flags.json, models[i], i);
+      auto result = RunOneStudy(flags, models[i], json);
+      if (!result.ok()) return Fail(models[i] + ": " + result.status().message());
+      studies.push_back(std::move(result).value());
+    }
+  }
   if (!flags.report.empty()) {
-    Status st = WriteStudyReport(*result, flags.report);
+    Status st = studies.size() == 1 ? WriteStudyReport(studies[0], flags.report)
+                                    : WriteComparisonReport(studies, flags.report);
     if (!st.ok()) return Fail(st.message());
     std::printf("report: %s\n", flags.report.c_str());
   }
@@ -315,15 +387,22 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
       "policy:FILE (a --kv-policy file, e.g. from kvq tune).\n"
       "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
       "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  // Repeatable, unlike AddModelOption's single -m; the same resolver (hub
+  // ids) applies to each.
+  cmd->add_option("-m,--model", flags->models,
+                  "GGUF file, Hugging Face folder or cached hub id (default: the shipped "
+                  "model); repeat -m to study several models: one JSON each "
+                  "(study-<model>.json) and one report putting them side by side")
+      ->transform(ModelArgResolver());
+  cmd->add_option("--compare", flags->compare,
+                  "Study JSONs (comma-separated) to put side by side in --report; runs nothing")
+      ->delimiter(',');
   cmd->add_option("-f,--file", flags->file,
                   "Held-out text (default: .deps/corpus/test.txt when present)");
   cmd->add_option("--schemes", flags->schemes,
                   "Comma-separated KV cache specs (default: " + DefaultStudySchemes() + ")");
-  cmd->add_flag(
-      "--quick", flags->quick,
-      "Small run for CI: --ctx 256, 2 windows, recall at 2 contexts x 3 depths x 1 trial");
+  cmd->add_flag("--quick", flags->quick,
+                "Small run for CI: --ctx 256, 2 windows, recall at 1 context x 3 depths x 1 trial");
   cmd->add_option("-c,--ctx", flags->context,
                   "Perplexity window in tokens, even (default min(model context, 1024); 256 "
                   "with --quick)");
@@ -331,24 +410,25 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "Perplexity windows to score (default 4; 2 with --quick; 0 = the whole text)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--capture", flags->capture,
-                  "Tokens captured for outliers and fake quantization (default: --ctx)")
+                  "Tokens captured for outliers and fake quantization (default: --ctx, at most "
+                  "512)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("-b,--batch", flags->batch, "Tokens per forward call (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--recall-contexts", flags->recall_contexts,
-                  "Passkey context lengths (default C/4, C/2, C with C = min(model context, "
-                  "4096); --quick: C/4, C)")
+                  "Passkey context lengths (default C/4, C/2 with C = min(model context, "
+                  "2048); --quick: C/4)")
       ->delimiter(',');
   cmd->add_option("--recall-depths", flags->recall_depths,
-                  "Passkey depths in [0, 1] (default 0,0.25,0.5,0.75,1; --quick 0,0.5,1)")
+                  "Passkey depths in [0, 1] (default 0,0.5,1)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(FiniteRange(0, 1));
   cmd->add_option("--recall-trials", flags->recall_trials,
-                  "Passkey trials per (context, depth) (default 2; 1 with --quick)")
+                  "Passkey trials per (context, depth) (default 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", flags->seed, "Seed of the passkey prompts (default 1234)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->add_option("--json", flags->json, "Write every number here (default study.json)");
   cmd->add_option("--report", flags->report, "Write the self-contained HTML report here");
   cmd->add_option("--dump", flags->dump, "Write the captured q/K/V as safetensors here");
@@ -360,6 +440,47 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "default test split, else the study text after the perplexity windows)");
   cmd->add_option("--calib-tokens", flags->calib_tokens,
                   "KVQuant calibration tokens, in windows of 512 (default 4096; 1024 with --quick)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--full", flags->full,
+                "The long, resumable run: also needle in a haystack (every task, contexts "
+                "1K-8K within the model's, 5 depths, 20 trials) and GSM8K (250 problems); "
+                "results kept in --results-dir, a rerun continues where it stopped");
+  cmd->add_flag("--niah", flags->niah,
+                "Also the needle-in-a-haystack stage (default single_repeat,multikey_repeat at "
+                "1K/2K, 5 depths, 4 trials)");
+  cmd->add_flag("--no-core", flags->no_core,
+                "Skip capture, outliers, fake quantization and end to end (only the stages "
+                "asked for with --niah/--gsm8k-problems/--full)");
+  cmd->add_option("--results-dir", flags->results_dir,
+                  "Where the needle and GSM8K results are appended (default "
+                  "kvq-study-results/<model>); rerun with the same one to resume");
+  cmd->add_option("--chat", flags->chat,
+                  "Chat template for needle/GSM8K prompts: auto (when the model has one), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--niah-tasks", flags->niah_tasks, "Needle tasks, of " + AllNeedleTasks());
+  cmd->add_option("--niah-contexts", flags->niah_contexts,
+                  "Needle context lengths (prompt + answer; default 1024,2048 and with --full "
+                  "4096,8192, within the model's context)")
+      ->delimiter(',');
+  cmd->add_option("--niah-depths", flags->niah_depths,
+                  "Needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
+      ->delimiter(',')
+      ->check(FiniteRange(0, 1));
+  cmd->add_option("--niah-trials", flags->niah_trials,
+                  "Needle trials per (task, context, depth) (default 4; 20 with --full)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--niah-schemes", flags->niah_schemes,
+                  std::string("Needle schemes (default ") + kDefaultNeedleSchemes + ")");
+  cmd->add_option("--gsm8k", flags->gsm8k_data,
+                  "GSM8K test.jsonl (default ../shared/data/gsm8k/test.jsonl beside the source "
+                  "tree; its SHA256SUMS is checked when present)");
+  cmd->add_option("--gsm8k-problems", flags->gsm8k_problems,
+                  "Run the GSM8K stage on the first N problems (250 with --full)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gsm8k-schemes", flags->gsm8k_schemes,
+                  std::string("GSM8K schemes (default ") + kDefaultGsm8kSchemes + ")");
+  cmd->add_option("--gsm8k-max-tokens", flags->gsm8k_max_tokens,
+                  "Tokens generated per GSM8K answer at most (default 320)")
       ->check(CLI::PositiveNumber);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunStudyCommand(*flags); });
 }

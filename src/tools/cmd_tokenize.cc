@@ -9,6 +9,7 @@
 #include "model/tokenizer.h"
 #include "model/tokenizer_spec.h"
 #include "tools/commands.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -101,8 +102,10 @@ void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Show the token ids and pieces of TEXT");
   cmd->add_option("model", args->model,
-                  "A .gguf file (vocab-only works) or a Hugging Face folder with tokenizer.json")
-      ->required();
+                  "A .gguf file (vocab-only works), a Hugging Face folder with tokenizer.json, "
+                  "or a hub id in the local Hugging Face cache")
+      ->required()
+      ->transform(ModelArgResolver());
   cmd->add_option("text", args->text, "Text to tokenize; '-' reads standard input")->required();
   cmd->add_flag("--no-special", args->no_special,
                 "Treat control tokens such as <|im_start|> as plain text (default: off, they "

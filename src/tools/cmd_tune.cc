@@ -16,6 +16,7 @@
 #include "io/mapped_file.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"
+#include "tools/model_arg.h"
 
 namespace kvq {
 namespace {
@@ -131,14 +132,14 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
       "measures it, keeps it if the measured KL fits the budget, else freezes that layer's K or\n"
       "V. Bytes per token are the blocks' (scales included); per-sequence f16 windows of\n"
       "residual schemes are a constant on top (see kvq plan).");
-  cmd->add_option("-m,--model", flags->model,
-                  "GGUF file or Hugging Face folder (default: the shipped model)");
+  AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
   cmd->add_option("-o,--output", flags->output, "Policy file to write (default kv-policy.txt)");
   cmd->add_option("--kl-budget", flags->kl_budget,
                   "Mean KL(f16 || policy) allowed, nats per token (default 0.01)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("-c,--ctx", flags->context, "Calibration window in tokens (default 512)");
+      ->check(FiniteRange(1e-9, 1e3));
+  cmd->add_option("-c,--ctx", flags->context, "Calibration window in tokens (default 512)")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 24));
   cmd->add_option("--windows", flags->windows, "Calibration windows (default 4)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--k-candidates", flags->k_candidates,
@@ -148,7 +149,7 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
                   "V types, most precise first (default f16,int8,int4-g32-asym-r128,"
                   "int2-g32-asym-r128: KIVI's values)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ThreadsCheck());
   cmd->callback([flags, &ctx] {
     char budget[32];
     std::snprintf(budget, sizeof(budget), "%g", flags->kl_budget);

@@ -11,6 +11,15 @@ struct CommandContext {
   int exit_code = 0;
 };
 
+// Checks every numeric flag shares (tools/flag_checks.cc).
+// -t/--threads: 0 = all cores, else 1..kMaxThreads. More OpenMP threads than
+// that only cost memory and start-up (and 100000 exhausts the process).
+inline constexpr int kMaxThreads = 1024;
+CLI::Validator ThreadsCheck();
+// A finite number in [min, max]: CLI::Range alone lets NaN through (every
+// comparison with NaN is false).
+CLI::Validator FiniteRange(double min, double max);
+
 void RegisterInfoCommand(CLI::App& app, CommandContext& ctx);
 void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);
 void RegisterSynthCommand(CLI::App& app, CommandContext& ctx);

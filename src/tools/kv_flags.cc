@@ -1,12 +1,12 @@
 #include "tools/kv_flags.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
+#include "io/mapped_file.h"
 #include "kv/codec_registry.h"
 #include "kv/kv_policy.h"
 
@@ -79,11 +79,10 @@ StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_toke
     options.v_type = kivi.v_type;
   }
   if (!flags.policy.empty()) {
-    std::ifstream file(flags.policy);
-    if (file) {
-      std::stringstream text;
-      text << file.rdbuf();
-      options.policy = text.str();
+    struct stat info {};
+    if (::stat(flags.policy.c_str(), &info) == 0) {
+      // A path that exists must be a policy file (a directory is an error).
+      KVQ_ASSIGN_OR_RETURN(options.policy, ReadTextFile(flags.policy, size_t{1} << 20));
     } else if (flags.policy.find(':') != std::string::npos) {
       options.policy = flags.policy;
     } else {

@@ -138,10 +138,9 @@ TEST(StudyQuantTest, MetricsMatchDirectComputation) {
   row.k_axis = QuantAxis::kChannel;
   row.v_axis = QuantAxis::kToken;
   row.bits = 2;
+  row.token_group = 4;
   std::vector<FakeQuantRow> rows = {row};
-  FakeQuantOptions options;
-  options.token_group = 4;
-  ASSERT_TRUE(RunFakeQuant(cap, options, &rows).ok());
+  ASSERT_TRUE(RunFakeQuant(cap, FakeQuantOptions{}, &rows).ok());
 
   std::vector<float> kq(T * D), vq(T * D);
   FakeQuantize(cap.layers[0].k.data(), T, 1, D,
@@ -192,6 +191,115 @@ TEST(StudyQuantTest, MetricsMatchDirectComputation) {
   EXPECT_DOUBLE_EQ(rows[0].per_layer[0].score_rel_error, m.score_rel_error);
 }
 
+// The write-up's per-channel scale is the absmax over the WHOLE sequence
+// (token_group 0): the jump of PerChannelBlocksHaveTheirOwnRange then lands
+// in one range, and the small values before it all round to one level.
+TEST(StudyQuantTest, WholeSequencePerChannelUsesOneRange) {
+  const int64_t T = 40;
+  std::vector<float> x(T), out(T);
+  for (int64_t t = 0; t < T; ++t) x[t] = t < 32 ? 0.01f * t : 1000.0f + 0.01f * t;
+  FakeQuantize(x.data(), T, 1, 1, {QuantAxis::kChannel, 2, QuantFormula::kAsymmetric, 0},
+               out.data());
+  // One range [0, 1000.39], step 333.46: tokens 0..31 all go to level 0.
+  for (int64_t t = 0; t < 32; ++t) EXPECT_EQ(out[t], 0.0f) << t;
+  // And it equals one group spanning every token.
+  std::vector<float> one(T);
+  FakeQuantize(x.data(), T, 1, 1, {QuantAxis::kChannel, 2, QuantFormula::kAsymmetric, T},
+               one.data());
+  EXPECT_EQ(out, one);
+}
+
+// Per-token groups of `channel_group` channels (KIVI's V groups) have their
+// own ranges: a row whose two halves differ in scale keeps the small half
+// precise only when the halves are separate groups.
+TEST(StudyQuantTest, PerTokenChannelGroupsHaveTheirOwnRange) {
+  const int64_t D = 64;
+  std::vector<float> x(D), whole(D), halves(D);
+  for (int64_t c = 0; c < D; ++c) x[c] = c < 32 ? 0.001f * c : 100.0f + c;
+  FakeQuantize(x.data(), 1, 1, D, {QuantAxis::kToken, 2, QuantFormula::kAsymmetric, 32, 0},
+               whole.data());
+  FakeQuantize(x.data(), 1, 1, D, {QuantAxis::kToken, 2, QuantFormula::kAsymmetric, 32, 32},
+               halves.data());
+  double err_whole = 0, err_halves = 0;
+  for (int64_t c = 0; c < 32; ++c) {
+    err_whole = std::max(err_whole, static_cast<double>(std::fabs(whole[c] - x[c])));
+    err_halves = std::max(err_halves, static_cast<double>(std::fabs(halves[c] - x[c])));
+  }
+  EXPECT_LE(err_halves, 0.031 / 6 + 1e-6);  // step 0.031 / 3 within the small half
+  EXPECT_GT(err_whole, 0.01);               // the small half collapses to one level
+}
+
+// The study's rows: the write-up's four as written (literal formula,
+// per-channel over the whole sequence, per-token over the head vector), the
+// same four corrected with KIVI's groups, then KVQuant's; per bit width.
+TEST(StudyQuantTest, StudyRowsAreTheWriteupsAsWrittenAndCorrected) {
+  const std::vector<FakeQuantRow> rows = StudyFakeQuantRows({2, 4}, 32);
+  ASSERT_EQ(rows.size(), 18u);
+  for (int b = 0; b < 2; ++b) {
+    for (int g = 0; g < 4; ++g) {
+      const FakeQuantRow& w = rows[b * 9 + g];
+      const FakeQuantRow& c = rows[b * 9 + 4 + g];
+      EXPECT_EQ(w.name, std::string(kWriteupPrefix) + kWriteupGroupings[g]);
+      EXPECT_EQ(w.family, FakeQuantFamily::kWriteup);
+      EXPECT_EQ(w.formula, QuantFormula::kLiteralWriteup);
+      EXPECT_EQ(w.token_group, 0);    // the whole sequence
+      EXPECT_EQ(w.channel_group, 0);  // the whole head vector
+      EXPECT_FALSE(w.k_pre_rope);
+      EXPECT_EQ(c.name, std::string(kCorrectedPrefix) + kWriteupGroupings[g]);
+      EXPECT_EQ(c.formula, QuantFormula::kAsymmetric);
+      EXPECT_EQ(c.token_group, 32);
+      EXPECT_EQ(c.channel_group, 32);
+      EXPECT_EQ(w.k_axis, c.k_axis);
+      EXPECT_EQ(w.v_axis, c.v_axis);
+      EXPECT_EQ(w.bits, b == 0 ? 2 : 4);
+    }
+    EXPECT_TRUE(rows[b * 9 + 8].k_pre_rope);
+    EXPECT_EQ(rows[b * 9 + 8].family, FakeQuantFamily::kKvQuant);
+  }
+  // The groupings in the write-up's order: per-token K in rows 0 and 3.
+  EXPECT_EQ(rows[0].k_axis, QuantAxis::kToken);
+  EXPECT_EQ(rows[1].v_axis, QuantAxis::kChannel);
+  EXPECT_EQ(rows[2].v_axis, QuantAxis::kToken);
+  EXPECT_EQ(rows[3].v_axis, QuantAxis::kChannel);
+}
+
+// A write-up row of RunFakeQuant is the literal formula over the whole
+// sequence: its score error equals one computed from FakeQuantize with
+// token_group 0, and differs from 32-token groups (the old, wrong row).
+TEST(StudyQuantTest, WriteupPerChannelRowQuantizesOverTheWholeSequence) {
+  StudyCapture cap;
+  cap.shape = KvShape{1, 1, 1, 8};
+  cap.tokens = 70;
+  cap.layers.resize(1);
+  cap.layers[0].q = Random(70 * 8, 41);
+  cap.layers[0].k = Random(70 * 8, 42);
+  for (int64_t t = 40; t < 70; ++t) cap.layers[0].k[t * 8 + 3] *= 20;  // a late outlier
+  cap.layers[0].k_pre_rope = cap.layers[0].k;
+  cap.layers[0].v = Random(70 * 8, 43);
+  std::vector<FakeQuantRow> rows = StudyFakeQuantRows({2}, 32);
+  rows.resize(2);  // as written: K,V per-token; K,V per-channel
+  FakeQuantRow grouped = rows[1];
+  grouped.token_group = 32;
+  rows.push_back(grouped);
+  ASSERT_TRUE(RunFakeQuant(cap, FakeQuantOptions{}, &rows).ok());
+  std::vector<float> kq(70 * 8);
+  FakeQuantize(cap.layers[0].k.data(), 70, 1, 8,
+               {QuantAxis::kChannel, 2, QuantFormula::kLiteralWriteup, 0}, kq.data());
+  std::vector<float> s(70 * 70), sh(70 * 70);
+  const float scale = 1.0f / std::sqrt(8.0f);
+  CausalScores(cap.layers[0].q.data(), cap.layers[0].k.data(), 70, 8, scale, s.data());
+  CausalScores(cap.layers[0].q.data(), kq.data(), 70, 8, scale, sh.data());
+  double err = 0, ref = 0;
+  for (int64_t i = 0; i < 70; ++i) {
+    for (int64_t j = 0; j <= i; ++j) {
+      err += (sh[i * 70 + j] - s[i * 70 + j]) * (sh[i * 70 + j] - s[i * 70 + j]);
+      ref += s[i * 70 + j] * s[i * 70 + j];
+    }
+  }
+  EXPECT_NEAR(rows[1].overall.score_rel_error, std::sqrt(err / ref), 1e-6);
+  EXPECT_NE(rows[1].overall.score_rel_error, rows[2].overall.score_rel_error);
+}
+
 // Scores and probabilities depend on K only: rows that share the K choice
 // share those metrics, and V's choice shows only in the output error.
 TEST(StudyQuantTest, VChoiceIsInvisibleToScoresButNotToOutputs) {
@@ -206,6 +314,7 @@ TEST(StudyQuantTest, VChoiceIsInvisibleToScoresButNotToOutputs) {
     cap.layers[l].v = Random(40 * 2 * 16, 30 + l);
   }
   std::vector<FakeQuantRow> rows = StudyFakeQuantRows({2});
+  rows.resize(4);  // the write-up's four, as written
   rows.erase(
       std::remove_if(rows.begin(), rows.end(), [](const FakeQuantRow& r) { return r.k_pre_rope; }),
       rows.end());
@@ -219,6 +328,36 @@ TEST(StudyQuantTest, VChoiceIsInvisibleToScoresButNotToOutputs) {
     EXPECT_GT(r.overall.score_rel_error, 0);
     EXPECT_GE(r.overall.prob_kl, 0);
     EXPECT_EQ(r.per_layer.size(), 2u);
+  }
+}
+
+// Heads run in parallel but their sums are added in head order: the same
+// numbers, bit for bit, for any thread count.
+TEST(StudyQuantTest, ThreadsDoNotChangeTheResult) {
+  StudyCapture cap;
+  cap.shape = KvShape{2, 6, 2, 16};
+  cap.tokens = 50;
+  cap.layers.resize(2);
+  for (int l = 0; l < 2; ++l) {
+    cap.layers[l].q = Random(50 * 6 * 16, 50 + l);
+    cap.layers[l].k = Random(50 * 2 * 16, 60 + l);
+    cap.layers[l].k_pre_rope = cap.layers[l].k;
+    cap.layers[l].v = Random(50 * 2 * 16, 70 + l);
+  }
+  std::vector<FakeQuantRow> one = StudyFakeQuantRows({2, 4});
+  one.erase(
+      std::remove_if(one.begin(), one.end(), [](const FakeQuantRow& r) { return r.k_pre_rope; }),
+      one.end());
+  std::vector<FakeQuantRow> two = one;
+  FakeQuantOptions options;
+  ASSERT_TRUE(RunFakeQuant(cap, options, &one).ok());
+  options.threads = 3;
+  ASSERT_TRUE(RunFakeQuant(cap, options, &two).ok());
+  for (size_t r = 0; r < one.size(); ++r) {
+    EXPECT_EQ(one[r].overall.score_rel_error, two[r].overall.score_rel_error) << r;
+    EXPECT_EQ(one[r].overall.prob_kl, two[r].overall.prob_kl) << r;
+    EXPECT_EQ(one[r].overall.output_rel_error, two[r].overall.output_rel_error) << r;
+    EXPECT_EQ(one[r].per_layer[1].output_rel_error, two[r].per_layer[1].output_rel_error) << r;
   }
 }
 

@@ -11,8 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
+
+#include "engine/study.h"
 
 namespace kvq {
 namespace {
@@ -81,8 +84,9 @@ TEST(StudyReport, FixtureHasEveryChartWithAllItsData) {
   ASSERT_TRUE(charts.ok()) << charts.status().message();
   std::vector<std::string> ids;
   for (const StudyChart& c : *charts) ids.push_back(c.id);
-  EXPECT_EQ(ids, (std::vector<std::string>{"outlier-heatmap", "fake-quant", "fake-quant-layers",
-                                           "pareto", "memory", "recall"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"outlier-heatmap", "k-bias", "sinks", "tensor-stats",
+                                           "fake-quant", "fake-quant-layers", "pareto", "memory",
+                                           "recall", "needle", "gsm8k"}));
   for (const StudyChart& c : *charts) {
     EXPECT_EQ(c.spec.value("$schema", ""), "https://vega.github.io/schema/vega-lite/v5.json");
     EXPECT_FALSE(c.title.empty());
@@ -94,7 +98,7 @@ TEST(StudyReport, FixtureHasEveryChartWithAllItsData) {
   size_t channel_values = 0;
   for (const json& layer : study["outliers"]["layers"]) {
     for (const char* key :
-         {"k_pre_rope_channel_absmax", "k_post_rope_channel_absmax", "v_channel_absmax"}) {
+         {"k_pre_rope_channel_mean_abs", "k_post_rope_channel_mean_abs", "v_channel_mean_abs"}) {
       for (const json& head : layer[key]) channel_values += head.size();
     }
   }
@@ -110,6 +114,26 @@ TEST(StudyReport, FixtureHasEveryChartWithAllItsData) {
   for (const json& s : study["schemes"]) recall_cells += s["recall"].size();
   EXPECT_EQ(by_id["memory"].spec["data"]["values"].size(), memory_points);
   EXPECT_EQ(by_id["recall"].spec["data"]["values"].size(), recall_cells);
+  // Structure: one bar per layer; token 0 and the strongest other sink per
+  // (layer, query head); 4 statistics per (tensor, layer, KV head).
+  const json& model = study["model"];
+  const size_t layers = model["layers"], heads = model["heads"], kv_heads = model["kv_heads"];
+  EXPECT_EQ(by_id["k-bias"].spec["data"]["values"].size(), layers);
+  EXPECT_NE(by_id["k-bias"].caption.find("Flagged (red): layer 0"), std::string::npos)
+      << by_id["k-bias"].caption;
+  EXPECT_EQ(by_id["sinks"].spec["data"]["values"].size(), layers * heads * 2);
+  EXPECT_EQ(by_id["tensor-stats"].spec["data"]["values"].size(), layers * 3 * kv_heads * 4);
+  size_t needle_cells = 0;
+  for (const json& s : study["needle"]["schemes"]) needle_cells += s["cells"].size();
+  EXPECT_EQ(by_id["needle"].spec["data"]["values"].size(), needle_cells);
+  EXPECT_EQ(by_id["gsm8k"].spec["data"]["values"].size(), study["gsm8k"]["schemes"].size());
+  // The strongest other sink of layer 1, head 2 is the planted delimiter.
+  bool saw_delimiter = false;
+  for (const json& v : by_id["sinks"].spec["data"]["values"]) {
+    saw_delimiter |= v["layer"] == 1 && v["head"] == 2 && v["kind"] == "strongest other sink" &&
+                     v["sink"].get<std::string>().find("token 17") == 0;
+  }
+  EXPECT_TRUE(saw_delimiter);
 
   // The literal-formula row keeps its label and is told apart.
   bool saw_literal = false;
@@ -124,7 +148,7 @@ TEST(StudyReport, ParetoFrontMarksExactlyTheNonDominatedSchemes) {
   // front, c (200, 0.2) is dominated by b, d (300, 0.05) by b; f16 has KL 0 and
   // is not drawn on the log axis. ppl: a 12 and f16 (400, 10) are on the
   // front; b (200, 12) ties a's ppl with more bytes: dominated.
-  const json study = {{"kvq_study_version", 1},
+  const json study = {{"kvq_study_version", kStudyVersion},
                       {"schemes",
                        {{{"name", "a"}, {"bytes_per_token", 100}, {"kl_mean", 0.1}, {"ppl", 12}},
                         {{"name", "b"}, {"bytes_per_token", 200}, {"kl_mean", 0.05}, {"ppl", 12}},
@@ -167,11 +191,19 @@ TEST(StudyReport, PageHoldsLibrariesChartsTablesAndSelfCheck) {
   EXPECT_GT(page.size(), library_bytes);
   EXPECT_EQ(page.find("src=\"http"), std::string::npos) << "nothing loaded from the network";
   EXPECT_NE(page.find("Content-Security-Policy"), std::string::npos);
-  EXPECT_NE(page.find("<div id=\"kvq-status\" data-charts-expected=\"6\""), std::string::npos);
-  for (const char* id :
-       {"outlier-heatmap", "fake-quant", "fake-quant-layers", "pareto", "memory", "recall"}) {
+  EXPECT_NE(page.find("<div id=\"kvq-status\" data-charts-expected=\"11\""), std::string::npos);
+  for (const char* id : {"outlier-heatmap", "k-bias", "sinks", "tensor-stats", "fake-quant",
+                         "fake-quant-layers", "pareto", "memory", "recall", "needle", "gsm8k"}) {
     EXPECT_EQ(Count(page, std::string("id=\"chart-") + id + "\""), 1u) << id;
   }
+  // The tables: the write-up's claims with their measured texts, the needle
+  // summary (cells other schemes did not run say so), GSM8K's intervals.
+  EXPECT_NE(page.find("Which claims hold on this model"), std::string::npos);
+  for (const json& c : study["fake_quant"]["claims"]) {
+    EXPECT_NE(page.find(EscapeHtml(c["text"].get<std::string>())), std::string::npos) << c["text"];
+  }
+  EXPECT_NE(page.find("<td>not run</td>"), std::string::npos);
+  EXPECT_NE(page.find("<td><b>int2-c32-asym/int2-g32-asym</b></td>"), std::string::npos);
   for (const json& s : study["schemes"]) {
     EXPECT_NE(page.find("<td><b>" + s["name"].get<std::string>() + "</b></td>"), std::string::npos)
         << s["name"];
@@ -244,29 +276,40 @@ TEST(StudyReport, MalformedInputIsAClearError) {
     json study;
     const char* message;  // the error names this
   };
-  json wrong_sink = {{"kvq_study_version", 1},
+  json wrong_sink = {{"kvq_study_version", kStudyVersion},
                      {"outliers", {{"layers", {{{"layer", 0}, {"sink_mass", "high"}}}}}}};
   json wrong_channels = {
-      {"kvq_study_version", 1},
-      {"outliers", {{"layers", {{{"layer", 0}, {"k_pre_rope_channel_absmax", {{1.0, "x"}}}}}}}}};
+      {"kvq_study_version", kStudyVersion},
+      {"outliers", {{"layers", {{{"layer", 0}, {"k_pre_rope_channel_mean_abs", {{1.0, "x"}}}}}}}}};
+  json bad_needle = {
+      {"kvq_study_version", kStudyVersion},
+      {"needle",
+       {{"schemes", {{{"name", "f16"}, {"cells", {{{"task", "t"}, {"context", 512}}}}}}}}}};
+  json bad_gsm8k = {{"kvq_study_version", kStudyVersion},
+                    {"gsm8k", {{"schemes", {{{"name", "f16"}, {"accuracy", "high"}}}}}}};
+  json bad_bias = {{"kvq_study_version", kStudyVersion},
+                   {"outliers", {{"k_bias", {{"layer_norms", 3}}}, {"layers", json::array()}}}};
   json short_memory = {
-      {"kvq_study_version", 1},
+      {"kvq_study_version", kStudyVersion},
       {"memory", {{"contexts", {512, 1024}}, {"series", {{{"name", "f16"}, {"bytes", {1}}}}}}}};
   json bad_recall = {
-      {"kvq_study_version", 1},
+      {"kvq_study_version", kStudyVersion},
       {"schemes", {{{"name", "int4"}, {"recall", {{{"context", 512}, {"depth", 0.5}}}}}}}};
-  json fractional_bits = {{"kvq_study_version", 1},
+  json fractional_bits = {{"kvq_study_version", kStudyVersion},
                           {"fake_quant", {{"rows", {{{"name", "r"}, {"bits", 2.5}}}}}}};
   const Case cases[] = {
       {"not an object", json::array(), "expected a JSON object"},
-      {"no version", json::object(), "kvq_study_version must be 1"},
-      {"version 2", {{"kvq_study_version", 2}}, "got 2"},
+      {"no version", json::object(), "kvq_study_version must be 2"},
+      {"version 1", {{"kvq_study_version", 1}}, "got 1"},
       {"schemes not an array",
-       {{"kvq_study_version", 1}, {"schemes", 3}},
+       {{"kvq_study_version", kStudyVersion}, {"schemes", 3}},
        "schemes: expected an array"},
       {"sink mass a string", wrong_sink, "outliers.layers[0].sink_mass: expected a number"},
       {"channel not a number", wrong_channels,
-       "outliers.layers[0].k_pre_rope_channel_absmax[0][1]: expected a number"},
+       "outliers.layers[0].k_pre_rope_channel_mean_abs[0][1]: expected a number"},
+      {"needle cell without trials", bad_needle, "needle.schemes[0].cells[0]: needs"},
+      {"gsm8k accuracy a string", bad_gsm8k, "gsm8k.schemes[0].accuracy: expected a number"},
+      {"k_bias norms not an array", bad_bias, "outliers.k_bias.layer_norms: expected an array"},
       {"memory lengths differ", short_memory, "memory.series[0].bytes: 1 values for 2 contexts"},
       {"recall without trials", bad_recall, "schemes[0].recall[0]: needs"},
       {"fractional bits", fractional_bits, "fake_quant.rows[0].bits: expected an integer"},
@@ -289,12 +332,13 @@ TEST(StudyReport, AbsentSectionsLeaveChartsOutAndSaySo) {
   for (json& row : study["fake_quant"]["rows"]) row.erase("per_layer");
   auto html = RenderStudyReportHtml(study);
   ASSERT_TRUE(html.ok()) << html.status().message();
-  EXPECT_NE(html->find("data-charts-expected=\"2\""), std::string::npos);
+  // Left: the heatmap, the structure charts, fake-quant overall, needle, GSM8K.
+  EXPECT_NE(html->find("data-charts-expected=\"7\""), std::string::npos);
   EXPECT_EQ(html->find("id=\"chart-memory\""), std::string::npos);
   EXPECT_NE(html->find("Not in this study (no data): per-layer fake-quant errors"),
             std::string::npos);
 
-  auto bare = RenderStudyReportHtml({{"kvq_study_version", 1}});
+  auto bare = RenderStudyReportHtml({{"kvq_study_version", kStudyVersion}});
   ASSERT_TRUE(bare.ok()) << bare.status().message();
   EXPECT_NE(bare->find("data-charts-expected=\"0\""), std::string::npos);
 }
@@ -302,7 +346,7 @@ TEST(StudyReport, AbsentSectionsLeaveChartsOutAndSaySo) {
 TEST(StudyReport, MissingValuesShowAsDashes) {
   SKIP_WITHOUT_CHART_LIBRARIES();
   json study = {
-      {"kvq_study_version", 1},
+      {"kvq_study_version", kStudyVersion},
       {"schemes",
        {{{"name", "int2"}, {"bytes_per_token", 320}, {"ppl", nullptr}, {"kl_mean", 0.4}}}}};
   auto html = RenderStudyReportHtml(study);
@@ -328,6 +372,43 @@ TEST(StudyReport, WriteStudyReportWritesThePage) {
   const Status status = WriteStudyReport(study, (dir / "no-such-dir" / "r.html").string());
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.message().find("no-such-dir/r.html"), std::string::npos) << status.message();
+}
+
+// Several studies side by side: one page, the models' table, every
+// comparison chart with all models' data, the claims per model.
+TEST(StudyReport, ComparisonPutsModelsSideBySide) {
+  SKIP_WITHOUT_CHART_LIBRARIES();
+  json a = LoadFixture(), b = LoadFixture();
+  b["model"]["path"] = "models/other-model.gguf";
+  b["schemes"][1]["kl_mean"] = 0.5;
+  auto html = RenderComparisonReportHtml({a, b});
+  ASSERT_TRUE(html.ok()) << html.status().message();
+  const std::string& page = *html;
+  EXPECT_NE(page.find("data-charts-expected=\"4\""), std::string::npos);
+  EXPECT_NE(page.find("<td><b>other-model.gguf</b></td>"), std::string::npos);
+  EXPECT_NE(page.find("The write-up's claims per model"), std::string::npos);
+  const json data = ChartDataOf(page);
+  ASSERT_TRUE(data.is_array());
+  ASSERT_EQ(data.size(), 4u);
+  std::map<std::string, std::set<std::string>> models_per_chart;
+  for (const json& chart : data) {
+    for (const json& v : chart["spec"]["data"]["values"]) {
+      models_per_chart[chart["id"]].insert(v["model"].get<std::string>());
+    }
+  }
+  for (const char* id :
+       {"compare-schemes", "compare-fake-quant", "compare-layers", "compare-tasks"}) {
+    EXPECT_EQ(models_per_chart[id].size(), 2u) << id;
+  }
+  // Scheme points: every non-baseline scheme of both models.
+  EXPECT_EQ(data[0]["spec"]["data"]["values"].size(), 2 * (a["schemes"].size() - 1));
+  EXPECT_EQ(Count(Lower(page), "</script"), kScriptsPerPage);
+
+  EXPECT_FALSE(RenderComparisonReportHtml({a}).ok());  // one study is not a comparison
+  b["kvq_study_version"] = 1;
+  auto old = RenderComparisonReportHtml({a, b});
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("studies[1]"), std::string::npos);
 }
 
 }  // namespace

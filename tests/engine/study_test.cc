@@ -183,6 +183,82 @@ TEST(StudyOutliersTest, FindsPlantedChannel) {
   EXPECT_TRUE(std::isnan(OutlierConsistency(x.data(), 3, 1, 4, 0, {})));
 }
 
+// The sink rule (study_outliers.h) on a hand-made attention matrix: every
+// row puts 0.5 on token 0, 0.3 on token 5 (once 16 rows past it), the rest
+// on itself. Token 0 and 5 are sinks; the diagonal mass every token gets
+// from itself is outside the rule's window.
+TEST(StudyOutliersTest, FindsPlantedSinks) {
+  const int64_t T = 256;  // uniform attention over 256 tokens is far below 0.5 / 10
+  std::vector<float> p(T * T, 0.0f);
+  for (int64_t i = 0; i < T; ++i) {
+    float rest = 1.0f;
+    if (i > 0) {
+      p[i * T] = 0.5f;
+      rest -= 0.5f;
+    }
+    if (i >= 5 + kSinkWindow) {
+      p[i * T + 5] = 0.3f;
+      rest -= 0.3f;
+    }
+    p[i * T + i] += rest;
+  }
+  std::vector<AttentionSink> sinks;
+  const double m0 = FindAttentionSinks(p.data(), T, 3, &sinks);
+  EXPECT_NEAR(m0, 0.5, 1e-6);
+  ASSERT_EQ(sinks.size(), 2u);
+  EXPECT_EQ(sinks[0].position, 0);
+  EXPECT_EQ(sinks[0].head, 3);
+  EXPECT_EQ(sinks[1].position, 5);
+  EXPECT_NEAR(sinks[1].mass, 0.3, 1e-6);
+  EXPECT_GT(sinks[1].uniform, 0.0);
+  // A short capture: 0.3 is less than 10x what uniform attention gives there.
+  sinks.clear();
+  std::vector<float> small(20 * 20, 0.0f);
+  for (int64_t i = 0; i < 20; ++i) small[i * 20 + i] = 1.0f;
+  for (int64_t i = 1; i < 20; ++i) {
+    small[i * 20] = 0.3f;
+    small[i * 20 + i] = 0.7f;
+  }
+  FindAttentionSinks(small.data(), 20, 0, &sinks);
+  EXPECT_TRUE(sinks.empty());
+}
+
+TEST(StudyOutliersTest, FlagsBoundaryBiasSpikes) {
+  // Qwen2-like: first and last layers 30x and 40x the others.
+  const KBiasSummary s = SummarizeKBias({{30.0, 0.0}, {1.0}, {1.2}, {0.9}, {1.1}, {40.0}});
+  ASSERT_EQ(s.layer_norms.size(), 6u);
+  EXPECT_DOUBLE_EQ(s.layer_norms[0], 30.0);
+  EXPECT_DOUBLE_EQ(s.median, 1.15);
+  EXPECT_EQ(s.spikes, (std::vector<int64_t>{0, 5}));
+  EXPECT_TRUE(s.boundary_spike);
+  const KBiasSummary flat = SummarizeKBias({{1.0}, {2.0}, {1.5}});
+  EXPECT_TRUE(flat.spikes.empty());
+  EXPECT_FALSE(flat.boundary_spike);
+  const KBiasSummary middle = SummarizeKBias({{1.0}, {9.0}, {1.0}});
+  EXPECT_EQ(middle.spikes, (std::vector<int64_t>{1}));
+  EXPECT_FALSE(middle.boundary_spike);
+  EXPECT_TRUE(SummarizeKBias({}).layer_norms.empty());  // no k_proj bias (Llama)
+}
+
+TEST(StudyOutliersTest, TensorStatsOfKnownValues) {
+  // One head, 2 tokens x 2 channels: rows (3, 4) and (0, 0).
+  const std::vector<float> x = {3, 4, 0, 0};
+  const TensorStats s = ComputeTensorStats(x.data(), 2, 1, 2, 0);
+  EXPECT_DOUBLE_EQ(s.mean_abs, 7.0 / 4);
+  EXPECT_DOUBLE_EQ(s.rms, std::sqrt(25.0 / 4));
+  EXPECT_DOUBLE_EQ(s.absmax, 4.0);
+  EXPECT_NEAR(s.token_norm_cv, 1.0, 1e-12);  // norms 5 and 0: std 2.5 / mean 2.5
+  // mean 1.75; central moments of {3, 4, 0, 0} - 1.75.
+  double m2 = 0, m4 = 0;
+  for (float v : x) {
+    m2 += (v - 1.75) * (v - 1.75) / 4;
+    m4 += std::pow(v - 1.75, 4) / 4;
+  }
+  EXPECT_NEAR(s.kurtosis, m4 / (m2 * m2), 1e-12);
+  const std::vector<float> flat = {2, 2, 2, 2};
+  EXPECT_TRUE(std::isnan(ComputeTensorStats(flat.data(), 2, 1, 2, 0).kurtosis));
+}
+
 TEST(StudySchemeSpecTest, ParsesTheThreeForms) {
   auto a = ParseSchemeSpec("int4");
   ASSERT_TRUE(a.ok());
@@ -260,17 +336,33 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
   auto json = RunStudy(model_, Text(400), o);
   ASSERT_TRUE(json.ok()) << json.status().message();
   const nlohmann::json& j = *json;
-  EXPECT_EQ(j["kvq_study_version"], 1);
+  EXPECT_EQ(j["kvq_study_version"], kStudyVersion);
   EXPECT_EQ(j["model"]["layers"], model_.transformer->config().num_layers);
   EXPECT_EQ(j["model"]["k_bias_norms"].size(), model_.transformer->config().num_layers);
   EXPECT_EQ(j["outliers"]["capture_tokens"], 48);
   ASSERT_EQ(j["outliers"]["layers"].size(), model_.transformer->config().num_layers);
   const auto& l0 = j["outliers"]["layers"][0];
-  EXPECT_EQ(l0["k_pre_rope_channel_absmax"].size(), 1u);  // [kv_heads][head_dim]
-  EXPECT_EQ(l0["k_pre_rope_channel_absmax"][0].size(), 64u);
+  EXPECT_EQ(l0["k_pre_rope_channel_mean_abs"].size(), 1u);  // [kv_heads][head_dim]
+  EXPECT_EQ(l0["k_pre_rope_channel_mean_abs"][0].size(), 64u);
+  EXPECT_FALSE(l0.contains("k_pre_rope_channel_absmax"));  // renamed: it holds a mean
+  EXPECT_EQ(l0["k_pre_rope_outlier_consistency"].size(), 1u);
   EXPECT_GT(l0["sink_mass"].get<double>(), 0.0);
   EXPECT_LE(l0["sink_mass"].get<double>(), 1.0);
-  EXPECT_EQ(j["fake_quant"]["rows"].size(), 14u);  // 7 rows x 2 bit widths
+  ASSERT_EQ(l0["sink_mass_per_head"].size(), 2u);  // per query head
+  double mean = 0;
+  for (const auto& m : l0["sink_mass_per_head"]) mean += m.get<double>() / 2;
+  EXPECT_NEAR(mean, l0["sink_mass"].get<double>(), 1e-6);  // the layer's is their mean
+  EXPECT_TRUE(l0["sinks"].is_array());
+  EXPECT_EQ(l0["v_stats"].size(), 1u);
+  EXPECT_GT(l0["v_stats"][0]["rms"].get<double>(), 0.0);
+  const auto& bias = j["outliers"]["k_bias"];
+  EXPECT_EQ(bias["layer_norms"].size(), model_.transformer->config().num_layers);
+  EXPECT_TRUE(bias["boundary_spike"].is_boolean());
+  EXPECT_EQ(j["fake_quant"]["rows"].size(), 18u);  // 9 rows x 2 bit widths
+  EXPECT_EQ(j["fake_quant"]["rows"][1]["per_channel_whole_sequence"], true);
+  EXPECT_EQ(j["fake_quant"]["rows"][1]["per_channel_group_tokens"], 48);
+  EXPECT_EQ(j["fake_quant"]["rows"][0]["reported_score_rel_error"], 0.786);
+  EXPECT_GE(j["fake_quant"]["claims"].size(), 12u);
   // f16 runs first (the baseline), then the others in the order given.
   ASSERT_EQ(j["schemes"].size(), 3u);
   EXPECT_EQ(j["schemes"][0]["name"], "f16");

@@ -178,6 +178,41 @@ TEST(GgufTest, RoundTripEveryType) {
   std::filesystem::remove(path);
 }
 
+// Every block type round-trips with ggml's block sizes: two rows of one
+// block each (32 or 256 values), bytes kept.
+TEST(GgufTest, BlockTypesRoundTrip) {
+  const struct {
+    DType dtype;
+    int64_t block, bytes;
+    uint32_t ggml;
+  } kTypes[] = {{DType::kQ4_0, 32, 18, 2},    {DType::kQ4_1, 32, 20, 3},
+                {DType::kQ5_0, 32, 22, 6},    {DType::kQ5_1, 32, 24, 7},
+                {DType::kIQ4_NL, 32, 18, 20}, {DType::kQ2_K, 256, 84, 10},
+                {DType::kQ3_K, 256, 110, 11}, {DType::kQ4_K, 256, 144, 12},
+                {DType::kQ5_K, 256, 176, 13}, {DType::kQ6_K, 256, 210, 14}};
+  GgufWriter w;
+  for (const auto& t : kTypes) {
+    std::vector<uint8_t> data(static_cast<size_t>(2 * t.bytes));
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 13 + t.ggml);
+    ASSERT_TRUE(
+        w.AddTensor(DTypeName(t.dtype), t.dtype, {2, t.block}, data.data(), data.size()).ok())
+        << DTypeName(t.dtype);
+    EXPECT_FALSE(w.AddTensor("bad", t.dtype, {2, t.block / 2}, data.data(), data.size() / 2).ok());
+  }
+  const std::string path = TempPath("blocks.gguf");
+  ASSERT_TRUE(w.Write(path).ok());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  for (const auto& t : kTypes) {
+    const TensorRef* r = (*f)->FindTensor(DTypeName(t.dtype));
+    ASSERT_NE(r, nullptr) << DTypeName(t.dtype);
+    EXPECT_EQ(r->dtype, t.dtype);
+    EXPECT_EQ(r->nbytes, static_cast<size_t>(2 * t.bytes)) << DTypeName(t.dtype);
+    EXPECT_EQ(r->data[2 * t.bytes - 1], static_cast<uint8_t>((2 * t.bytes - 1) * 13 + t.ggml));
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(GgufTest, CustomAlignment) {
   GgufWriter w;
   w.SetUint32("general.alignment", 64);
@@ -337,8 +372,10 @@ TEST(GgufTest, TensorInfoErrors) {
   ExpectError(Bytes().Header(1, 0).Tensor("t", {1ll << 32, 1ll << 32}, 0, 0).Pad(32, 64).b,
               "element count overflows");
   ExpectError(Bytes().Header(1, 0).Tensor("t", {1ll << 40}, 0, 0).Pad(32, 64).b, "cannot fit");
+  ExpectError(Bytes().Header(1, 0).Tensor("blk.0.attn_k.weight", {32}, 16, 0).Pad(32, 64).b,
+              "unsupported tensor type IQ2_XXS in tensor 'blk.0.attn_k.weight'");
   ExpectError(Bytes().Header(1, 0).Tensor("blk.0.attn_k.weight", {32}, 12, 0).Pad(32, 64).b,
-              "unsupported tensor type Q4_K in tensor 'blk.0.attn_k.weight'");
+              "is Q4_K but its row length 32 is not a multiple of 256");
   ExpectError(Bytes().Header(1, 0).Tensor("t", {32}, 1234, 0).Pad(32, 64).b,
               "unsupported tensor type 1234 in tensor 't'");
   ExpectError(Bytes().Header(1, 0).Tensor("t", {16}, 8, 0).Pad(32, 64).b, "multiple of 32");

@@ -3,6 +3,7 @@
 #include "io/mapped_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -39,6 +40,35 @@ TEST(ReadTextFile, ReadsEveryByteAndNamesBadPaths) {
   ASSERT_FALSE(directory.ok());
   EXPECT_NE(directory.status().message().find("is a directory"), std::string::npos)
       << directory.status().message();
+  fs::remove_all(dir);
+}
+
+// Issue 21, failure 4: devices, FIFOs and oversized files are refused
+// before any byte is read (/dev/zero used to be read until memory ran out;
+// a FIFO with no writer must not block the open).
+TEST(ReadTextFile, RefusesWhatIsNotABoundedRegularFile) {
+  for (const char* device : {"/dev/zero", "/dev/urandom", "/dev/null"}) {
+    auto text = ReadTextFile(device);
+    ASSERT_FALSE(text.ok()) << device;
+    EXPECT_NE(text.status().message().find("not a regular file"), std::string::npos)
+        << text.status().message();
+  }
+  const fs::path dir = fs::path(KVQ_BINARY_DIR) / ("read_bounded_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto from_fifo = ReadTextFile(fifo);
+  ASSERT_FALSE(from_fifo.ok());
+  EXPECT_NE(from_fifo.status().message().find("FIFO"), std::string::npos);
+  auto from_dir = ReadTextFile(dir.string());
+  ASSERT_FALSE(from_dir.ok());
+  EXPECT_NE(from_dir.status().message().find("directory"), std::string::npos);
+  const std::string big = (dir / "big.txt").string();
+  std::ofstream(big) << std::string(1001, 'x');
+  auto limited = ReadTextFile(big, 1000);
+  ASSERT_FALSE(limited.ok());
+  EXPECT_NE(limited.status().message().find("1001 bytes"), std::string::npos);
+  EXPECT_TRUE(ReadTextFile(big, 1001).ok());
   fs::remove_all(dir);
 }
 

@@ -636,3 +636,39 @@ TEST(Tokenizer, ConcurrentEncodeAgrees) {
 
 }  // namespace
 }  // namespace kvq
+
+namespace kvq {
+namespace {
+
+// SmolLM's pre-tokenizer splits digits off one by one before GPT-2's
+// pattern (so " 1" never forms), and its vocabulary lacks some control
+// bytes: such a byte is dropped and no merge spans it, as in llama.cpp.
+TEST(Tokenizer, SmolLmDigitsAndMissingByteTokens) {
+  TokenizerSpec spec;
+  spec.pre = "smollm";
+  std::map<std::string, int32_t> id;
+  for (int b = 0; b < 256; ++b) {
+    if (b == 4) continue;
+    id[std::string(1, static_cast<char>(b))] = static_cast<int32_t>(spec.tokens.size());
+    spec.tokens.push_back(ByteLevelEncode(std::string(1, static_cast<char>(b))));
+  }
+  id["he"] = static_cast<int32_t>(spec.tokens.size());
+  spec.tokens.push_back("he");
+  id[" 1"] = static_cast<int32_t>(spec.tokens.size());
+  spec.tokens.push_back(ByteLevelEncode(" 1"));
+  spec.merges = {"h e", ByteLevelEncode(" ") + " 1"};
+  auto smollm = Tokenizer::Create(spec);
+  ASSERT_TRUE(smollm.ok()) << smollm.status().message();
+  EXPECT_EQ((*smollm)->Encode("he 12"),
+            (std::vector<int32_t>{id["he"], id[" "], id["1"], id["2"]}));
+  EXPECT_EQ((*smollm)->Encode("h\x04"
+                              "e"),
+            (std::vector<int32_t>{id["h"], id["e"]}));
+  spec.pre = "gpt-2";  // same vocabulary, no digit split: " 1" merges
+  auto gpt2 = Tokenizer::Create(spec);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status().message();
+  EXPECT_EQ((*gpt2)->Encode("he 12"), (std::vector<int32_t>{id["he"], id[" 1"], id["2"]}));
+}
+
+}  // namespace
+}  // namespace kvq

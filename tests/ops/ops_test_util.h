@@ -89,6 +89,57 @@ inline TestWeight MakeIntegerQ8_0(int64_t rows, int64_t cols, const std::vector<
   return w;
 }
 
+// The block types with group decoders (everything but F32/F16/BF16/Q8_0).
+inline const WeightType kGroupTypes[] = {
+    WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL,
+    WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K};
+
+// Byte offsets of the f16 fields (d, then m/dmin if any) inside a block.
+inline std::vector<int64_t> HalfFieldOffsets(WeightType type) {
+  switch (type) {
+    case WeightType::kQ4_0:
+    case WeightType::kQ5_0:
+    case WeightType::kIQ4_NL:
+      return {0};
+    case WeightType::kQ4_1:
+    case WeightType::kQ5_1:
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+      return {0, 2};
+    case WeightType::kQ2_K:
+      return {80, 82};
+    case WeightType::kQ3_K:
+      return {108};
+    case WeightType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+// A block-quantized weight with uniformly random quant bytes (every bit
+// pattern of values, scales and mins occurs) and finite random f16 block
+// scales of magnitude up to `scale` (negative ones included: the decoders
+// must not assume a sign). `decoded` comes from DequantizeRowRef.
+inline TestWeight MakeRandomBlocks(std::mt19937& rng, WeightType type, int64_t rows, int64_t cols,
+                                   float scale) {
+  TestWeight w{type, rows, cols, {}, {}};
+  w.bytes.resize(static_cast<size_t>(rows * RowBytes(type, cols)));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w.bytes) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  const int64_t blocks = rows * cols / BlockSize(type);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t off : HalfFieldOffsets(type)) {
+      const uint16_t h = F32ToF16(dist(rng));
+      std::memcpy(w.bytes.data() + b * BlockBytes(type) + off, &h, 2);
+    }
+  }
+  w.decoded.resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) DequantizeRowRef(w.view(), r, w.decoded.data() + r * cols);
+  return w;
+}
+
 inline const WeightType kAllWeightTypes[] = {WeightType::kF32, WeightType::kF16, WeightType::kBF16,
                                              WeightType::kQ8_0};
 

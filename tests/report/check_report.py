@@ -104,7 +104,8 @@ class Dom(HTMLParser):
 def heatmap_cells(study):
     cells = 0
     for layer in study.get("outliers", {}).get("layers", []):
-        for key in ("k_pre_rope_channel_absmax", "k_post_rope_channel_absmax", "v_channel_absmax"):
+        for key in ("k_pre_rope_channel_mean_abs", "k_post_rope_channel_mean_abs",
+                    "v_channel_mean_abs"):
             for head in layer.get(key) or []:
                 cells += sum(1 for v in head if v is not None)
     return cells

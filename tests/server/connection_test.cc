@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -37,39 +36,6 @@ void Open(LoopbackPair* p) {
   ASSERT_EQ(connect(p->client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   p->server = accept(p->listener, nullptr, nullptr);
   ASSERT_GE(p->server, 0);
-}
-
-// The addresses as httplib puts them in a Request: numeric IP and port.
-void Address(int fd, bool peer, std::string* ip, int* port) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len)
-                 : getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len),
-            0);
-  char host[NI_MAXHOST];
-  ASSERT_EQ(getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
-                        NI_NUMERICHOST),
-            0);
-  *ip = host;
-  *port = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
-
-TEST(ConnectionTest, FindsTheServerSideSocketByItsAddresses) {
-  LoopbackPair a, b;
-  Open(&a);
-  Open(&b);
-  std::string local_ip, remote_ip;
-  int local_port = -1, remote_port = -1;
-  Address(a.server, false, &local_ip, &local_port);
-  Address(a.server, true, &remote_ip, &remote_port);
-  // Not the client end (the same pair of addresses, swapped), not b.
-  EXPECT_EQ(FindConnectionSocket(local_ip, local_port, remote_ip, remote_port), a.server);
-  EXPECT_EQ(FindConnectionSocket(remote_ip, remote_port, local_ip, local_port), a.client);
-  Address(b.server, false, &local_ip, &local_port);
-  Address(b.server, true, &remote_ip, &remote_port);
-  EXPECT_EQ(FindConnectionSocket(local_ip, local_port, remote_ip, remote_port), b.server);
-  EXPECT_EQ(FindConnectionSocket(local_ip, local_port, "127.0.0.2", remote_port), -1);
-  EXPECT_EQ(FindConnectionSocket(local_ip, local_port, remote_ip, -1), -1);
 }
 
 TEST(ConnectionTest, PeerClosedSeesTheClientGo) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -53,7 +54,17 @@ TEST(OpenAiApiTest, ParsesChat) {
 TEST(OpenAiApiTest, RejectsBadInputNamingTheField) {
   EXPECT_EQ(ParseError("{not json").param, "");
   EXPECT_EQ(ParseError("[1,2]").param, "");
-  EXPECT_EQ(ParseError(R"({"prompt":"x"})").param, "model");
+  EXPECT_EQ(ParseError(R"({"model":5,"prompt":"x"})").param, "model");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","presence_penalty":2.1})").param,
+            "presence_penalty");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","frequency_penalty":-3})").param,
+            "frequency_penalty");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","logit_bias":{"1":1e9}})").param, "logit_bias");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","logit_bias":[1]})").param, "logit_bias");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","logit_bias":{"-1":1}})").param, "logit_bias");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","best_of":2})").param, "best_of");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","frobnicate":1})").param, "frobnicate");
+  EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","suffix":"y"})").param, "suffix");
   EXPECT_EQ(ParseError(R"({"model":"m"})").param, "prompt");
   EXPECT_EQ(ParseError(R"({"model":"m","prompt":5})").param, "prompt");
   EXPECT_EQ(ParseError(R"({"model":"m","prompt":"x","max_tokens":-1})").param, "max_tokens");
@@ -220,6 +231,24 @@ TEST(OpenAiApiTest, RandomBytesAndMutationsNeverCrash) {
     ApiError e;
     ParseCompletionRequest(body, (i & 1) != 0, &r, &e);
   }
+}
+
+// Issue 21, failures 7 and 9: model may be omitted; penalties and
+// logit_bias are parsed into the request (the sampler applies them).
+TEST(OpenAiApiTest, ModelOptionalPenaltiesAndBiasParsed) {
+  CompletionRequest r;
+  ApiError error;
+  ASSERT_TRUE(ParseCompletionRequest(
+      R"({"prompt":"x","presence_penalty":0.5,"frequency_penalty":-1,"logit_bias":{"7":-100,"12":3.5},"best_of":1,"user":"u"})",
+      false, &r, &error))
+      << error.message;
+  EXPECT_EQ(r.model, "");
+  EXPECT_FLOAT_EQ(r.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.frequency_penalty, -1.0f);
+  ASSERT_EQ(r.logit_bias.size(), 2u);
+  std::sort(r.logit_bias.begin(), r.logit_bias.end());  // JSON objects have no order
+  EXPECT_EQ(r.logit_bias[0], (std::pair<int32_t, float>{7, -100.0f}));
+  EXPECT_EQ(r.logit_bias[1], (std::pair<int32_t, float>{12, 3.5f}));
 }
 
 }  // namespace

@@ -41,6 +41,44 @@ assert j["schemes"][0]["baseline"] and j["schemes"][2]["v_type"] == "int4"
 assert len(j["memory"]["series"]) == 3
 assert all(len(s["bytes"]) == len(j["memory"]["contexts"]) for s in j["memory"]["series"])
 assert len(j["outliers"]["layers"]) == j["model"]["layers"]
+assert j["kvq_study_version"] == 2
+layer = j["outliers"]["layers"][0]
+assert "k_pre_rope_channel_mean_abs" in layer and "k_pre_rope_channel_absmax" not in layer
+assert "sinks" in layer and "v_stats" in layer and "k_bias" in j["outliers"]
+assert len(j["fake_quant"]["rows"]) == 18 and j["fake_quant"]["claims"]
+assert j["fake_quant"]["rows"][1]["per_channel_whole_sequence"] is True
 PY
 [ -s "$WORK/capture.safetensors" ] || fail "no dump"
+grep -q "The write-up's claims on this model" "$WORK/out" || fail "table lacks the claims"
+
+# The long stages, tiny, into a results directory; a second run finds every
+# result recorded and appends nothing (resumed).
+printf '{"question": "1 + 1?", "answer": "#### 2"}\n{"question": "2 + 2?", "answer": "#### 4"}\n' \
+  >"$WORK/gsm.jsonl"
+rm -rf "$WORK/results"
+long() {
+  "$KVQ" study -m "$MODEL" -t 1 --no-core --niah --niah-tasks single_repeat --niah-contexts 512 \
+    --niah-depths 0.5 --niah-trials 2 --niah-schemes f16 --gsm8k "$WORK/gsm.jsonl" \
+    --gsm8k-problems 2 --gsm8k-max-tokens 8 --gsm8k-schemes f16,int4 \
+    --results-dir "$WORK/results" --json "$WORK/long.json" >"$WORK/out" 2>"$WORK/err" ||
+    fail "needle + GSM8K run failed: $(cat "$WORK/err")"
+}
+long
+lines() { cat "$WORK"/results/needle/*/*.jsonl "$WORK"/results/gsm8k/*.jsonl | wc -l; }
+[ "$(lines)" -eq 6 ] || fail "expected 2 needle trials + 2 x 2 GSM8K problems, got $(lines) lines"
+long
+[ "$(lines)" -eq 6 ] || fail "the rerun recomputed results: $(lines) lines"
+grep -q "GSM8K (2 problems" "$WORK/out" || fail "no GSM8K table"
+python3 - "$WORK/long.json" <<'PY' || fail "long-stage JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert "outliers" not in j and "schemes" not in j  # --no-core
+assert [s["name"] for s in j["needle"]["schemes"]] == ["f16"]
+assert j["needle"]["schemes"][0]["cells"][0]["trials"] == 2
+assert [s["name"] for s in j["gsm8k"]["schemes"]] == ["f16", "int4"]
+assert 0 <= j["gsm8k"]["schemes"][0]["wilson95_low"] <= j["gsm8k"]["schemes"][0]["wilson95_high"]
+PY
+"$KVQ" study --compare "$WORK/study.json,$WORK/long.json" --report "$WORK/compare.html" \
+  >"$WORK/out" 2>"$WORK/err" || fail "--compare failed: $(cat "$WORK/err")"
+grep -q "models side by side" "$WORK/compare.html" || fail "no comparison page"
 echo "ok"

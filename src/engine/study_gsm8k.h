@@ -1,0 +1,71 @@
+// kvq study: GSM8K reasoning accuracy per cache scheme. Greedy generation on
+// the same problems for every scheme (the first N of the test split), the
+// model's last number compared with the number after '####' in the
+// reference, accuracy with a 95% Wilson interval. Results are appended per
+// (scheme, problem) to dir/<scheme>.jsonl, so a killed run resumes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/loaded_model.h"
+#include "kv/kv_cache.h"
+
+namespace kvq {
+
+struct Gsm8kProblem {
+  int64_t index = 0;  // line in the file, from 0
+  std::string question;
+  std::string reference;  // the number after '####', commas removed
+};
+
+// Reads the split (one {"question", "answer"} object a line). With a
+// non-empty `sha256sums` (a `sha256sum` listing naming the file by its base
+// name), the file's digest must match first.
+StatusOr<std::vector<Gsm8kProblem>> LoadGsm8k(const std::string& path,
+                                              const std::string& sha256sums);
+
+// "...#### 1,234" -> "1234"; "" when there is no '####'.
+std::string Gsm8kReference(const std::string& answer);
+// The last number in `text` ("-1,234.50" -> "-1234.50"; a trailing '.' is
+// punctuation), or "" when there is none.
+std::string LastNumber(const std::string& text);
+// Numeric equality of two extracted numbers (1e-6 absolute).
+bool SameNumber(const std::string& a, const std::string& b);
+
+// 95% Wilson score interval of k successes in n trials: {low, high}.
+std::pair<double, double> WilsonInterval(int64_t k, int64_t n, double z = 1.959963984540054);
+
+struct Gsm8kOptions {
+  int64_t problems = 250;  // the first N of the split
+  int max_new_tokens = 320;
+  bool chat = true;  // the model's chat template (off for a model without one)
+};
+
+// The prompt's tokens for one problem (chat template when options.chat).
+StatusOr<std::vector<int32_t>> Gsm8kPrompt(const LoadedModel& model, const std::string& question,
+                                           bool chat);
+
+struct Gsm8kScheme {
+  std::string name;
+  std::function<StatusOr<std::unique_ptr<KvCache>>()> make_cache;
+};
+struct Gsm8kProgress {
+  std::string scheme;
+  int64_t done = 0, total = 0;
+};
+
+// Returns the study JSON's "gsm8k" section (docs/study.md).
+StatusOr<nlohmann::json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>& data,
+                                       const std::vector<Gsm8kScheme>& schemes,
+                                       const Gsm8kOptions& options, const std::string& dir,
+                                       const std::string& data_path,
+                                       const std::function<void(const Gsm8kProgress&)>& progress);
+
+}  // namespace kvq

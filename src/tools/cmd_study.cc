@@ -250,23 +250,23 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
   // cores; every one can be overridden.
   o.context =
       flags.context > 0 ? flags.context : std::min<int64_t>(model_ctx, flags.quick ? 256 : 1024);
-  o.chunks = flags.chunks >= 0 ? flags.chunks : (flags.quick ? 2 : 4);
+  // Two windows score 1,024 positions at the default --ctx, enough to rank
+  // the schemes' KL (its standard error is printed beside it) in ~12 s each.
+  o.chunks = flags.chunks >= 0 ? flags.chunks : 2;
   // Fake quantization costs capture^2 per head and layer: 512 tokens keep it
   // near 30 s on a 30-layer model (SmolLM2-135M) instead of ~2 min at 1024.
   o.capture_tokens = flags.capture > 0 ? flags.capture : std::min<int64_t>(o.context, 512);
   o.batch = flags.batch;
   o.schemes = schemes;
-  // Passkey prompts are most of the end-to-end time (17 schemes x every
-  // prompt's prefill): on SmolLM2-135M, 2 shared cores prefill ~150-250
-  // tokens/s, so the defaults keep ~4.6K recall tokens a scheme (~1.5K with
-  // --quick) to stay within 15 (3) minutes (--quick measured 178 s there). Long contexts are the
-  // needle stage's job (--niah, --full).
+  // Passkey prompts were most of the end-to-end time (17 schemes x every
+  // prompt's prefill): on SmolLM2-135M 2 shared cores prefill ~150-250
+  // tokens/s, and 4.6K recall tokens a scheme took the default study past 15
+  // minutes (session 7: ~210 s a scheme under load). The defaults keep ~1.5K
+  // (three prompts at C/4); long contexts are the needle stage's job (--niah,
+  // --full) and --recall-ctx asks for more.
   const int64_t top = std::min<int64_t>(model_ctx, 2048);
   o.recall.contexts = flags.recall_contexts;
-  if (o.recall.contexts.empty()) {
-    o.recall.contexts =
-        flags.quick ? std::vector<int64_t>{top / 4} : std::vector<int64_t>{top / 4, top / 2};
-  }
+  if (o.recall.contexts.empty()) o.recall.contexts = {top / 4};
   if (!flags.recall_depths.empty()) o.recall.depths = flags.recall_depths;
   if (flags.recall_depths.empty()) o.recall.depths = {0.0, 0.5, 1.0};
   o.recall.trials = flags.recall_trials > 0 ? flags.recall_trials : 1;
@@ -281,7 +281,8 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
   o.baseline_logits_path = scratch.string() + "-f16.logprobs";
   o.calibration_scratch_path = scratch.string() + "-kvquant.safetensors";
   o.calibration_path = flags.kv_calibration;
-  o.calibration.tokens = flags.calib_tokens > 0 ? flags.calib_tokens : (flags.quick ? 1024 : 4096);
+  // KVQuant's calibration took ~195 s of the default run at 4096 tokens.
+  o.calibration.tokens = flags.calib_tokens > 0 ? flags.calib_tokens : (flags.quick ? 1024 : 2048);
   o.calibration.context = std::min<int64_t>(model_ctx, 512);
   o.calibration_text_path =
       flags.calib_file.empty() ? DefaultCalibrationTextPath(text_path) : flags.calib_file;
@@ -407,7 +408,7 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "Perplexity window in tokens, even (default min(model context, 1024); 256 "
                   "with --quick)");
   cmd->add_option("--chunks", flags->chunks,
-                  "Perplexity windows to score (default 4; 2 with --quick; 0 = the whole text)")
+                  "Perplexity windows to score (default 2; 0 = the whole text)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--capture", flags->capture,
                   "Tokens captured for outliers and fake quantization (default: --ctx, at most "
@@ -416,8 +417,7 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-b,--batch", flags->batch, "Tokens per forward call (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--recall-contexts", flags->recall_contexts,
-                  "Passkey context lengths (default C/4, C/2 with C = min(model context, "
-                  "2048); --quick: C/4)")
+                  "Passkey context lengths (default C/4 with C = min(model context, 2048))")
       ->delimiter(',');
   cmd->add_option("--recall-depths", flags->recall_depths,
                   "Passkey depths in [0, 1] (default 0,0.5,1)")
@@ -439,7 +439,7 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "Text KVQuant calibrates on (default: .deps/corpus/valid.txt when -f is the "
                   "default test split, else the study text after the perplexity windows)");
   cmd->add_option("--calib-tokens", flags->calib_tokens,
-                  "KVQuant calibration tokens, in windows of 512 (default 4096; 1024 with --quick)")
+                  "KVQuant calibration tokens, in windows of 512 (default 2048; 1024 with --quick)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--full", flags->full,
                 "The long, resumable run: also needle in a haystack (every task, contexts "

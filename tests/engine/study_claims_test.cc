@@ -76,8 +76,8 @@ TEST(StudyClaimsTest, RatiosAndVerdictsComeFromTheRows) {
 TEST(StudyClaimsTest, UnequalScoresBreakTheEqualityClaim) {
   std::vector<FakeQuantRow> rows = Rows({0.8, 0.6, 0.61, 0.8, 0.9, 0.6, 0.6, 0.9, 0.5},
                                         {0.5, 0.45, 0.4, 0.55, 0.7, 0.5, 0.6, 0.8, 0.55});
-  const FakeQuantClaim* eq =
-      Find(EvaluateFakeQuantClaims(rows), "v_invisible_to_scores", "writeup");
+  const std::vector<FakeQuantClaim> claims = EvaluateFakeQuantClaims(rows);
+  const FakeQuantClaim* eq = Find(claims, "v_invisible_to_scores", "writeup");
   ASSERT_NE(eq, nullptr);
   EXPECT_FALSE(eq->holds);
 }

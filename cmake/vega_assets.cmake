@@ -4,7 +4,7 @@
 # needs no file from .deps at run time.
 #
 # How: a generated assembler file `.incbin`s each UMD bundle (build/*.min.js,
-# ~0.8 MB together) into .rodata between two symbols; engine/study_report.cc
+# ~0.8 MB together) into .rodata between two symbols; study/study_report.cc
 # declares them extern "C". Assembling takes milliseconds, unlike a generated
 # C++ byte array of the same size. The versions are read from setup.sh so the
 # pin lives in one place; each bundle's SHA-256 is written into the generated

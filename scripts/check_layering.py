@@ -2,7 +2,9 @@
 """Fails when a source file includes a header of a layer it may not use.
 
 kvq's layers (docs/ARCHITECTURE.md) depend one way:
-    base -> {io, ops} -> kv -> model -> engine -> server -> tools
+    base -> {io, ops} -> kv -> model -> engine -> eval -> study -> tools
+                                          engine -> server -> tools
+(server and eval/study are siblings: the server links only the runtime)
 Every target sees src/ on its include path, so the compiler alone would not
 notice kv including model/...; this check (a ctest, part of `make test`)
 reads every `#include "layer/..."` under src/ and tests/<layer>/ and
@@ -21,14 +23,16 @@ ALLOWED = {
     "kv": {"base", "io", "ops"},
     "model": {"base", "io", "ops", "kv"},
     "engine": {"base", "io", "ops", "kv", "model"},
+    "eval": {"base", "io", "ops", "kv", "model", "engine"},
+    "study": {"base", "io", "ops", "kv", "model", "engine", "eval"},
     "server": {"base", "io", "ops", "kv", "model", "engine"},
-    "tools": {"base", "io", "ops", "kv", "model", "engine", "server"},
+    "tools": {"base", "io", "ops", "kv", "model", "engine", "eval", "study", "server"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([a-z_]+)/[^"]+"', re.M)
 
 
 def self_test():
-    """The check must fail on a kv file that includes model/ and pass without it."""
+    """The check must pass a clean tree and fail on kv including model/ or server study/."""
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         kv = pathlib.Path(tmp) / "src" / "kv"
@@ -40,6 +44,13 @@ def self_test():
         (kv / "bad.cc").write_text('#include "model/transformer.h"\n')
         if not check(pathlib.Path(tmp)):
             print("self-test: kv including model/ was not caught")
+            return 1
+        (kv / "bad.cc").unlink()
+        server = pathlib.Path(tmp) / "src" / "server"
+        server.mkdir()
+        (server / "bad.cc").write_text('#include "study/study.h"\n')
+        if not check(pathlib.Path(tmp)):
+            print("self-test: server including study/ was not caught")
             return 1
     print("self-test: ok")
     return 0

@@ -33,7 +33,7 @@ struct KvCalibration {
   int64_t num_layers = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   int64_t tokens = 0;           // calibration tokens the statistics saw
   int64_t outlier_percent = 1;  // quantiles the channel ranges were cut at
-  std::string method;           // how levels were weighted (see engine/calibrate.h)
+  std::string method;           // how levels were weighted (see eval/calibrate.h)
   bool qnorm = false;           // levels rescaled to keep the calibration mean/std
   std::string model;
   std::vector<float> k_offset, k_scale;  // [num_layers, num_kv_heads, head_dim] each

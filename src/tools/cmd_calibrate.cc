@@ -1,13 +1,13 @@
 // kvq calibrate: the offline calibration file KVQuant's nuq codecs read
-// (--kv-calibration). engine/calibrate.h describes what is computed,
+// (--kv-calibration). eval/calibrate.h describes what is computed,
 // kv/kv_calibration.h the file.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "base/threads.h"
-#include "engine/calibrate.h"
 #include "engine/loaded_model.h"
+#include "eval/calibrate.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
 #include "tools/model_arg.h"
@@ -83,7 +83,7 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
       "pre-RoPE key channel ranges (outlier thresholds) and sensitivity-weighted k-means\n"
       "codebooks for each --bits (safetensors; tensor names in kv/kv_calibration.h).\n"
       "Key channels are weighted by the expected squared query component they multiply\n"
-      "(gradient-free; engine/calibrate.h), values uniformly.");
+      "(gradient-free; eval/calibrate.h), values uniformly.");
   AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
   cmd->add_option("-o,--output", flags->output, "Calibration file to write")->required();

@@ -5,7 +5,7 @@
 #include "base/threads.h"
 #include "engine/generate.h"
 #include "engine/loaded_model.h"
-#include "engine/planner.h"
+#include "eval/planner.h"
 #include "kv/kv_factory.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/planner.h"
+#include "eval/planner.h"
 #include "io/gguf.h"
 #include "model/model_files.h"
 #include "model/tokenizer_spec.h"

@@ -1,6 +1,6 @@
 // kvq perplexity: perplexity of a text with the KV cache in use, and KL
-// divergence against a saved baseline run (engine/perplexity.h has the
-// convention, engine/logits_file.h the file format).
+// divergence against a saved baseline run (eval/perplexity.h has the
+// convention, eval/logits_file.h the file format).
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,8 +9,8 @@
 
 #include "base/threads.h"
 #include "engine/loaded_model.h"
-#include "engine/perplexity.h"
-#include "engine/planner.h"
+#include "eval/perplexity.h"
+#include "eval/planner.h"
 #include "io/mapped_file.h"
 #include "kv/kv_factory.h"
 #include "tools/commands.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/default_model.h"
-#include "engine/planner.h"
+#include "eval/planner.h"
 #include "model/model_presets.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"

@@ -1,6 +1,6 @@
 // kvq tune: per-layer K/V cache types that minimize bytes per token under a
 // KL-divergence budget on calibration text; writes a --kv-policy file and
-// prints the frontier it explored (engine/tune.h has the search).
+// prints the frontier it explored (eval/tune.h has the search).
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,7 +12,7 @@
 
 #include "base/threads.h"
 #include "engine/loaded_model.h"
-#include "engine/tune.h"
+#include "eval/tune.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
 #include "tools/kv_flags.h"

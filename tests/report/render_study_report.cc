@@ -1,4 +1,4 @@
-// Renders a study JSON file to the HTML report with engine/study_report.h,
+// Renders a study JSON file to the HTML report with study/study_report.h,
 // for the headless-Chromium test until `kvq study --report` exists (and for
 // re-rendering a saved study.json by hand).
 //
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/study_report.h"
+#include "study/study_report.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

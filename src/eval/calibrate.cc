@@ -1,0 +1,290 @@
+#include "eval/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "eval/perplexity.h"
+#include "io/safetensors.h"
+#include "kv/kv_factory.h"
+
+namespace kvq {
+namespace {
+
+// Wraps the f32 cache the model runs on and records, per layer, what the
+// cache receives (pre-RoPE K, V) and the key-channel sensitivity from q.
+class CaptureCache final : public KvCache {
+ public:
+  CaptureCache(std::unique_ptr<KvCache> inner, const KvShape& shape, int64_t context)
+      : inner_(std::move(inner)), shape_(shape) {
+    const int64_t dim = shape.head_dim, half = dim / 2;
+    k_.resize(static_cast<size_t>(shape.num_layers));
+    v_.resize(static_cast<size_t>(shape.num_layers));
+    weight_sum_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads * dim), 0.0);
+    weight_count_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads), 0.0);
+    // Means over delta = 0..i of cos^2, sin*cos of theta_p * delta: [context, half].
+    mean_cos2_.resize(static_cast<size_t>(context * half));
+    mean_sincos_.resize(static_cast<size_t>(context * half));
+    for (int64_t p = 0; p < half; ++p) {
+      double cos2 = 0, sincos = 0;
+      for (int64_t i = 0; i < context; ++i) {
+        const double angle = static_cast<double>(shape.rope_inv_freq[p]) * i;
+        cos2 += std::cos(angle) * std::cos(angle);
+        sincos += std::sin(angle) * std::cos(angle);
+        mean_cos2_[i * half + p] = cos2 / (i + 1);
+        mean_sincos_[i * half + p] = sincos / (i + 1);
+      }
+    }
+  }
+
+  Status AddSequence(SeqId seq) override { return inner_->AddSequence(seq); }
+  void ReleaseSequence(SeqId seq) override { inner_->ReleaseSequence(seq); }
+  Status Fork(SeqId src, SeqId dst) override { return inner_->Fork(src, dst); }
+  Status Truncate(SeqId seq, int64_t length) override { return inner_->Truncate(seq, length); }
+  int64_t Length(SeqId seq, int64_t layer) const override { return inner_->Length(seq, layer); }
+  int64_t Capacity(SeqId seq) const override { return inner_->Capacity(seq); }
+  size_t BytesUsed() const override { return inner_->BytesUsed(); }
+  KvUsage Usage() const override { return inner_->Usage(); }
+  const char* TypeName() const override { return inner_->TypeName(); }
+
+  Status Append(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope, const float* k,
+                const float* v) override {
+    const int64_t row = shape_.num_kv_heads * shape_.head_dim;
+    const int64_t start = inner_->Length(seq, layer);
+    // Position 0 stays in f16 in the schemes (sink): not calibrated.
+    const int64_t skip = start == 0 ? 1 : 0;
+    if (n > skip) {
+      auto& ks = k_[static_cast<size_t>(layer)];
+      auto& vs = v_[static_cast<size_t>(layer)];
+      ks.insert(ks.end(), k_pre_rope + skip * row, k_pre_rope + n * row);
+      vs.insert(vs.end(), v + skip * row, v + n * row);
+    }
+    return inner_->Append(seq, layer, n, k_pre_rope, k, v);
+  }
+
+  Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
+                float* out) const override {
+    AccumulateSensitivity(seq, layer, n, q);
+    return inner_->Attend(seq, layer, n, q, scale, out);
+  }
+
+  // [num_layers][rows * kv_heads * head_dim] as captured (position 0 skipped).
+  const std::vector<std::vector<float>>& k() const { return k_; }
+  const std::vector<std::vector<float>>& v() const { return v_; }
+  // Mean sensitivity of each (KV head, channel) of `layer`: [kv_heads, head_dim].
+  std::vector<float> KeyWeights(int64_t layer) const {
+    const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+    std::vector<float> w(static_cast<size_t>(kv_heads * dim));
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const double count = weight_count_[layer * kv_heads + g];
+      for (int64_t c = 0; c < dim; ++c) {
+        const double sum = weight_sum_[(layer * kv_heads + g) * dim + c];
+        w[g * dim + c] = count > 0 ? static_cast<float>(sum / count) : 1.0f;
+      }
+    }
+    return w;
+  }
+
+ private:
+  // See calibrate.h: E[(R(i - t) q_pre(i))_c^2] over heads, queries, t <= i.
+  void AccumulateSensitivity(SeqId seq, int64_t layer, int64_t n, const float* q) const {
+    const int64_t dim = shape_.head_dim, half = dim / 2, heads = shape_.num_heads;
+    const int64_t group = heads / shape_.num_kv_heads;
+    const int64_t total = inner_->Length(seq, layer);
+    const int64_t context = static_cast<int64_t>(mean_cos2_.size()) / half;
+    const bool pairs = shape_.rope_layout == ops::RopeLayout::kPairs;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = std::min(total - n + j, context - 1);
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* qr = q + (j * heads + h) * dim;
+        double* sum = &weight_sum_[(layer * shape_.num_kv_heads + h / group) * dim];
+        for (int64_t p = 0; p < half; ++p) {
+          const int64_t a = pairs ? 2 * p : p, b = pairs ? 2 * p + 1 : p + half;
+          // Undo the query's own rotation: q_pre = R(-pos) q_rot.
+          const double angle = static_cast<double>(shape_.rope_inv_freq[p]) * (total - n + j);
+          const double cs = std::cos(angle), sn = std::sin(angle);
+          const double qa = qr[a] * cs + qr[b] * sn, qb = qr[b] * cs - qr[a] * sn;
+          const double c2 = mean_cos2_[pos * half + p], s2 = 1.0 - c2;
+          const double x = mean_sincos_[pos * half + p];
+          sum[a] += c2 * qa * qa + s2 * qb * qb - 2 * x * qa * qb;
+          sum[b] += c2 * qb * qb + s2 * qa * qa + 2 * x * qa * qb;
+        }
+        weight_count_[layer * shape_.num_kv_heads + h / group] += 1.0;
+      }
+    }
+  }
+
+  std::unique_ptr<KvCache> inner_;
+  KvShape shape_;
+  std::vector<std::vector<float>> k_, v_;
+  std::vector<double> mean_cos2_, mean_sincos_;  // [context, head_dim / 2]
+  // Attend is const in the interface; the statistics are this wrapper's own.
+  mutable std::vector<double> weight_sum_;    // [layers, kv_heads, head_dim]
+  mutable std::vector<double> weight_count_;  // [layers, kv_heads]
+};
+
+// Squared gradients from tools/train/kvquant_fisher.py: "k.L" / "v.L"
+// [rows, kv_heads, head_dim] in capture order, "tokens" the ids it ran on.
+StatusOr<std::vector<std::vector<float>>> ReadFisher(const SafetensorsFile& file, const char* side,
+                                                     const std::vector<std::vector<float>>& x,
+                                                     const KvShape& shape) {
+  std::vector<std::vector<float>> out(x.size());
+  for (size_t l = 0; l < x.size(); ++l) {
+    const std::string name = std::string(side) + "." + std::to_string(l);
+    const TensorRef* t = file.Find(name);
+    const int64_t rows = static_cast<int64_t>(x[l].size()) / (shape.num_kv_heads * shape.head_dim);
+    const std::vector<int64_t> want{rows, shape.num_kv_heads, shape.head_dim};
+    if (t == nullptr || t->dtype != DType::kF32 || t->shape != want) {
+      return Status::Error(file.name() + ": Fisher tensor '" + name + "' missing or not F32 " +
+                           ShapeString(want) + " (same --tokens and --ctx as this run?)");
+    }
+    out[l].resize(x[l].size());
+    std::memcpy(out[l].data(), t->data, out[l].size() * sizeof(float));
+  }
+  return out;
+}
+
+Status CheckFisherTokens(const SafetensorsFile& file, const std::vector<int32_t>& fed) {
+  const TensorRef* t = file.Find("tokens");
+  const std::vector<int64_t> want{static_cast<int64_t>(fed.size())};
+  if (t == nullptr || t->dtype != DType::kF32 || t->shape != want) {
+    return Status::Error(file.name() + ": Fisher file has no 'tokens' F32 " + ShapeString(want) +
+                         " (made for other --tokens or --ctx?)");
+  }
+  for (size_t i = 0; i < fed.size(); ++i) {
+    float id;
+    std::memcpy(&id, t->data + i * sizeof(float), sizeof(float));
+    if (id != static_cast<float>(fed[i])) {
+      return Status::Error(file.name() + ": Fisher file was made from other tokens (position " +
+                           std::to_string(i) + ": " + std::to_string(static_cast<int64_t>(id)) +
+                           ", this text " + std::to_string(fed[i]) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
+                                      const CalibrateOptions& options) {
+  return CalibrateKvTokens(model, PerplexityTokens(model, text), options);
+}
+
+StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vector<int32_t>& tokens,
+                                            const CalibrateOptions& options) {
+  Transformer& transformer = *model.transformer;
+  const KvShape shape = transformer.kv_shape();
+  if (options.bits.empty()) return Status::Error("calibrate: no bit widths");
+  for (int bits : options.bits) {
+    if (bits < 2 || bits > 4) {
+      return Status::Error("calibrate: bits " + std::to_string(bits) + " not 2, 3 or 4");
+    }
+  }
+  if (options.outlier_percent < 0 || options.outlier_percent > 10) {
+    return Status::Error("calibrate: --outliers must be 0 to 10 percent");
+  }
+  if (options.context < 2 || options.context > transformer.config().max_position_embeddings) {
+    return Status::Error("calibrate: --ctx " + std::to_string(options.context) +
+                         " outside [2, the model's context of " +
+                         std::to_string(transformer.config().max_position_embeddings) + "]");
+  }
+  if (options.weights != "q2" && options.weights != "uniform") {
+    return Status::Error("calibrate: --weights '" + options.weights + "' is not q2 or uniform");
+  }
+  if (static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
+    return Status::Error("calibrate: the model's RoPE parameters are unknown");
+  }
+  const int64_t available = static_cast<int64_t>(tokens.size()) / options.context;
+  if (available == 0) {
+    return Status::Error("calibrate: the text has " + std::to_string(tokens.size()) +
+                         " tokens, fewer than one window of --ctx " +
+                         std::to_string(options.context));
+  }
+  const int64_t windows =
+      std::min(available, std::max<int64_t>(1, options.tokens / options.context));
+
+  KvCacheOptions cache_options;
+  cache_options.k_type = cache_options.v_type = "f32";
+  cache_options.max_tokens = options.context;
+  cache_options.num_threads = 1;
+  KVQ_ASSIGN_OR_RETURN(auto inner, MakeKvCache(shape, cache_options));
+  CaptureCache cache(std::move(inner), shape, options.context);
+  std::vector<float> logits;
+  const Tokenizer& tok = *model.tokenizer;
+  std::vector<int32_t> fed;  // [windows * context] the tokens as run
+  for (int64_t w = 0; w < windows; ++w) {
+    std::vector<int32_t> window(tokens.begin() + w * options.context,
+                                tokens.begin() + (w + 1) * options.context);
+    if (tok.add_bos() && tok.bos_id() >= 0) window[0] = tok.bos_id();
+    fed.insert(fed.end(), window.begin(), window.end());
+    KVQ_RETURN_IF_ERROR(cache.AddSequence(0));
+    const Status forward = transformer.Forward({{0, window, false}}, cache, &logits);
+    cache.ReleaseSequence(0);
+    KVQ_RETURN_IF_ERROR(forward);
+  }
+
+  CalibrateResult result;
+  result.windows = windows;
+  KvCalibration& c = result.calibration;
+  c.num_layers = shape.num_layers;
+  c.num_heads = shape.num_heads;
+  c.num_kv_heads = shape.num_kv_heads;
+  c.head_dim = shape.head_dim;
+  c.tokens = windows * (options.context - 1);
+  c.outlier_percent = options.outlier_percent;
+  c.qnorm = options.qnorm;
+  c.model = model.path;
+  c.method = options.fisher_path.empty() ? options.weights : "fisher";
+  std::vector<std::vector<float>> k_fisher, v_fisher;
+  if (!options.fisher_path.empty()) {
+    KVQ_ASSIGN_OR_RETURN(auto fisher, SafetensorsFile::Open(options.fisher_path));
+    KVQ_RETURN_IF_ERROR(CheckFisherTokens(*fisher, fed));
+    KVQ_ASSIGN_OR_RETURN(k_fisher, ReadFisher(*fisher, "k", cache.k(), shape));
+    KVQ_ASSIGN_OR_RETURN(v_fisher, ReadFisher(*fisher, "v", cache.v(), shape));
+  }
+  const int64_t heads = shape.num_kv_heads, dim = shape.head_dim;
+  const size_t per_layer = static_cast<size_t>(heads * dim);
+  c.k_offset.resize(static_cast<size_t>(shape.num_layers) * per_layer);
+  c.k_scale.resize(c.k_offset.size());
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    const std::vector<float>& k = cache.k()[static_cast<size_t>(l)];
+    const int64_t rows = static_cast<int64_t>(k.size()) / (heads * dim);
+    KeyChannelRanges(k.data(), rows, heads, dim, options.outlier_percent,
+                     &c.k_offset[l * per_layer], &c.k_scale[l * per_layer]);
+  }
+  for (int bits : options.bits) {
+    KvCalibration::Codebooks& books = c.codebooks[bits];
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      const std::vector<float> key_weights = cache.KeyWeights(l);
+      for (bool is_v : {false, true}) {
+        const std::vector<float>& x = (is_v ? cache.v() : cache.k())[static_cast<size_t>(l)];
+        NuqFitInput in;
+        in.bits = bits;
+        in.is_v = is_v;
+        in.outlier_percent = options.outlier_percent;
+        in.n = static_cast<int64_t>(x.size()) / (heads * dim);
+        in.kv_heads = heads;
+        in.head_dim = dim;
+        in.x = x.data();
+        in.k_offset = &c.k_offset[l * per_layer];
+        in.k_scale = &c.k_scale[l * per_layer];
+        if (!options.fisher_path.empty()) {
+          in.element_weight = (is_v ? v_fisher : k_fisher)[static_cast<size_t>(l)].data();
+        } else if (!is_v && options.weights == "q2") {
+          in.channel_weight = key_weights.data();
+        }
+        in.qnorm = options.qnorm;
+        auto levels = FitNuqLevels(in);
+        if (!levels.ok()) {
+          return levels.status().WithContext("layer " + std::to_string(l) + (is_v ? " V" : " K"));
+        }
+        std::vector<float>& dst = is_v ? books.v : books.k;
+        dst.insert(dst.end(), levels->begin(), levels->end());
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace kvq

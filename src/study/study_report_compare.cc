@@ -1,0 +1,413 @@
+// The model comparison page: several studies (one per model) side by side.
+// Every chart draws all models at once, each value tagged with its model,
+// from the same JSON fields the single-study report reads.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "study/study_report_internal.h"
+#include "study/study_report_json.h"
+
+namespace kvq {
+
+namespace {
+
+using nlohmann::json;
+using study_json::ArrayMember;
+using study_json::AsNumber;
+using study_json::BoolMember;
+using study_json::Index;
+using study_json::IntMember;
+using study_json::Join;
+using study_json::NumberMember;
+using study_json::NumberOrNull;
+using study_json::ObjectMember;
+using study_json::StringMember;
+using study_report::BaseSpec;
+using study_report::MaybeChart;
+using study_report::TableRow;
+using study_report::Tooltip;
+
+// A short, unique label per study: the model file's name.
+StatusOr<std::vector<std::string>> ModelLabels(const std::vector<json>& studies) {
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* model, ObjectMember(studies[i], "model", ""));
+    std::string path;
+    if (model != nullptr) {
+      KVQ_ASSIGN_OR_RETURN(path, StringMember(*model, "path", "model"));
+    }
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    std::string label = path.substr(path.find_last_of('/') + 1);
+    if (label.empty()) label = "study " + std::to_string(i + 1);
+    if (std::find(labels.begin(), labels.end(), label) != labels.end())
+      label += " #" + std::to_string(i + 1);
+    labels.push_back(label);
+  }
+  return labels;
+}
+
+StatusOr<std::string> ModelTable(const std::vector<json>& studies,
+                                 const std::vector<std::string>& labels) {
+  std::string out = "<section id=\"models\">\n<h2>Models</h2>\n<div class=\"scroll\"><table>\n" +
+                    TableRow({"model", "architecture", "parameters", "layers", "heads / KV heads",
+                              "head_dim", "context", "k_proj bias spikes", "study run"},
+                             "th");
+  for (size_t i = 0; i < studies.size(); ++i) {
+    const json& s = studies[i];
+    KVQ_ASSIGN_OR_RETURN(const json* m, ObjectMember(s, "model", ""));
+    auto num = [&](const char* key) -> StatusOr<std::string> {
+      if (m == nullptr) return std::string("&ndash;");
+      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> v, IntMember(*m, key, "model"));
+      return v ? std::to_string(*v) : std::string("&ndash;");
+    };
+    std::string arch;
+    if (m != nullptr) {
+      KVQ_ASSIGN_OR_RETURN(arch, StringMember(*m, "architecture", "model"));
+    }
+    KVQ_ASSIGN_OR_RETURN(std::string params, num("parameters"));
+    KVQ_ASSIGN_OR_RETURN(std::string layers, num("layers"));
+    KVQ_ASSIGN_OR_RETURN(std::string heads, num("heads"));
+    KVQ_ASSIGN_OR_RETURN(std::string kv_heads, num("kv_heads"));
+    KVQ_ASSIGN_OR_RETURN(std::string head_dim, num("head_dim"));
+    KVQ_ASSIGN_OR_RETURN(std::string context, num("context"));
+    std::string spikes = "&ndash;";
+    KVQ_ASSIGN_OR_RETURN(const json* outliers, ObjectMember(s, "outliers", ""));
+    if (outliers != nullptr) {
+      KVQ_ASSIGN_OR_RETURN(const json* bias, ObjectMember(*outliers, "k_bias", "outliers"));
+      if (bias != nullptr) {
+        KVQ_ASSIGN_OR_RETURN(const json* list, ArrayMember(*bias, "spike_layers", "k_bias"));
+        spikes = list == nullptr || list->empty() ? "none" : EscapeHtml(list->dump());
+      }
+    }
+    KVQ_ASSIGN_OR_RETURN(std::string created, StringMember(s, "created_utc", ""));
+    KVQ_ASSIGN_OR_RETURN(std::string command, StringMember(s, "command", ""));
+    out += TableRow({"<b>" + EscapeHtml(labels[i]) + "</b>", EscapeHtml(arch), params, layers,
+                     heads + " / " + kv_heads, head_dim, context, spikes,
+                     EscapeHtml(created) + "<br><code>" + EscapeHtml(command) + "</code>"});
+  }
+  return out + "</table></div>\n</section>\n";
+}
+
+// The schemes every study ran, end to end: KL and perplexity ratio to f16.
+StatusOr<MaybeChart> CompareSchemes(const std::vector<json>& studies,
+                                    const std::vector<std::string>& labels) {
+  json values = json::array();
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* schemes, ArrayMember(studies[i], "schemes", ""));
+    std::optional<double> f16_ppl;
+    for (size_t j = 0; schemes != nullptr && j < schemes->size(); ++j) {
+      const std::string path = Index("schemes", j);
+      const json& s = (*schemes)[j];
+      KVQ_ASSIGN_OR_RETURN(std::string name, StringMember(s, "name", path));
+      KVQ_ASSIGN_OR_RETURN(bool baseline, BoolMember(s, "baseline", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> kl, NumberMember(s, "kl_mean", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> ppl, NumberMember(s, "ppl", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> bits, NumberMember(s, "bits_per_value", path));
+      if (baseline) f16_ppl = ppl;
+      std::optional<double> ratio;
+      if (ppl && f16_ppl && *f16_ppl > 0) ratio = *ppl / *f16_ppl;
+      if (baseline) continue;  // KL 0 by definition: no place on a log axis
+      values.push_back({{"model", labels[i]},
+                        {"scheme", name},
+                        {"kl_mean", NumberOrNull(kl)},
+                        {"ppl_ratio", NumberOrNull(ratio)},
+                        {"bits_per_value", NumberOrNull(bits)}});
+    }
+  }
+  if (values.empty()) return MaybeChart();
+  auto panel = [](const char* field, const char* title, json scale) {
+    return json{
+        {"width", 300},
+        {"transform",
+         {{{"filter", std::string("isValid(datum.") + field + ") && datum." + field + " > 0"}}}},
+        {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+        {"encoding",
+         {{"y", {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
+          {"x", {{"field", field}, {"type", "quantitative"}, {"title", title}, {"scale", scale}}},
+          {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+          {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+          {"tooltip", Tooltip({{"model", "nominal"},
+                               {"scheme", "nominal"},
+                               {"bits_per_value", "quantitative"},
+                               {"kl_mean", "quantitative"},
+                               {"ppl_ratio", "quantitative"}})}}}};
+  };
+  json spec = BaseSpec();
+  spec["data"] = {{"values", values}};
+  spec["hconcat"] = {
+      panel("kl_mean", "mean KL vs the model's f16 cache (log)", {{"type", "log"}}),
+      panel("ppl_ratio", "perplexity / the model's f16 perplexity", {{"zero", false}})};
+  return MaybeChart(StudyChart{
+      "compare-schemes", "End to end per scheme, model by model",
+      "Each point is one scheme on one model (colour and shape: model), against that model's own "
+      "f16 cache: left the mean KL of the next-token distribution, right the perplexity ratio. A "
+      "scheme whose points spread apart costs some models much more than others.",
+      std::move(spec)});
+}
+
+StatusOr<MaybeChart> CompareFakeQuant(const std::vector<json>& studies,
+                                      const std::vector<std::string>& labels) {
+  json values = json::array();
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* fq, ObjectMember(studies[i], "fake_quant", ""));
+    if (fq == nullptr) continue;
+    KVQ_ASSIGN_OR_RETURN(const json* rows, ArrayMember(*fq, "rows", "fake_quant"));
+    for (size_t j = 0; rows != nullptr && j < rows->size(); ++j) {
+      const std::string path = Index("fake_quant.rows", j);
+      KVQ_ASSIGN_OR_RETURN(std::string name, StringMember((*rows)[j], "name", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> bits, IntMember((*rows)[j], "bits", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> err,
+                           NumberMember((*rows)[j], "score_rel_error", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> out,
+                           NumberMember((*rows)[j], "output_rel_error", path));
+      values.push_back({{"model", labels[i]},
+                        {"row", name},
+                        {"bits", bits ? std::to_string(*bits) + "-bit" : "?"},
+                        {"score_rel_error", NumberOrNull(err)},
+                        {"output_rel_error", NumberOrNull(out)}});
+    }
+  }
+  if (values.empty()) return MaybeChart();
+  json spec = BaseSpec();
+  spec["data"] = {{"values", values}};
+  spec["facet"] = {{"column", {{"field", "bits"}, {"type", "nominal"}, {"title", nullptr}}}};
+  spec["spec"] = {{"width", 260},
+                  {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+                  {"encoding",
+                   {{"y",
+                     {{"field", "row"},
+                      {"type", "nominal"},
+                      {"sort", nullptr},
+                      {"title", nullptr},
+                      {"axis", {{"labelLimit", 360}}}}},
+                    {"x",
+                     {{"field", "score_rel_error"},
+                      {"type", "quantitative"},
+                      {"title", "attention-score relative error"}}},
+                    {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+                    {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+                    {"tooltip", Tooltip({{"model", "nominal"},
+                                         {"row", "nominal"},
+                                         {"bits", "nominal"},
+                                         {"score_rel_error", "quantitative"},
+                                         {"output_rel_error", "quantitative"}})}}}};
+  spec["resolve"] = {{"scale", {{"x", "independent"}}}};
+  return MaybeChart(StudyChart{
+      "compare-fake-quant", "The write-up's table, model by model",
+      "The fake-quant score error of every row (the write-up's as written, the corrected "
+      "quantizers, KVQuant's pre-RoPE K) on each model's captured K/V; one panel per bit width.",
+      std::move(spec)});
+}
+
+// Per layer of every model: the k_proj bias ratio to the median layer and the
+// token-0 sink mass, on a common x axis (layer / (layers - 1)) so models of
+// different depth line up.
+StatusOr<MaybeChart> CompareLayers(const std::vector<json>& studies,
+                                   const std::vector<std::string>& labels) {
+  json values = json::array();
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* outliers, ObjectMember(studies[i], "outliers", ""));
+    if (outliers == nullptr) continue;
+    KVQ_ASSIGN_OR_RETURN(const json* layers, ArrayMember(*outliers, "layers", "outliers"));
+    const size_t n = layers == nullptr ? 0 : layers->size();
+    auto depth = [n](size_t l) { return n > 1 ? static_cast<double>(l) / (n - 1) : 0.0; };
+    for (size_t l = 0; l < n; ++l) {
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> sink,
+                           NumberMember((*layers)[l], "sink_mass", Index("outliers.layers", l)));
+      values.push_back({{"model", labels[i]},
+                        {"layer", l},
+                        {"depth", depth(l)},
+                        {"metric", "token-0 sink mass"},
+                        {"value", NumberOrNull(sink)}});
+    }
+    KVQ_ASSIGN_OR_RETURN(const json* bias, ObjectMember(*outliers, "k_bias", "outliers"));
+    if (bias == nullptr) continue;
+    KVQ_ASSIGN_OR_RETURN(const json* ratio, ArrayMember(*bias, "ratio_to_median", "k_bias"));
+    for (size_t l = 0; ratio != nullptr && l < ratio->size(); ++l) {
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> r,
+                           AsNumber((*ratio)[l], Index("k_bias.ratio_to_median", l)));
+      const double d = ratio->size() > 1 ? static_cast<double>(l) / (ratio->size() - 1) : 0.0;
+      values.push_back({{"model", labels[i]},
+                        {"layer", l},
+                        {"depth", d},
+                        {"metric", "k_proj bias / median layer"},
+                        {"value", NumberOrNull(r)}});
+    }
+  }
+  if (values.empty()) return MaybeChart();
+  json spec = BaseSpec();
+  spec["data"] = {{"values", values}};
+  spec["transform"] = {{{"filter", "isValid(datum.value)"}}};
+  spec["facet"] = {{"column",
+                    {{"field", "metric"},
+                     {"type", "nominal"},
+                     {"sort", {"k_proj bias / median layer", "token-0 sink mass"}},
+                     {"title", nullptr}}}};
+  spec["spec"] = {{"width", 320},
+                  {"height", 220},
+                  {"mark", {{"type", "line"}, {"point", true}}},
+                  {"encoding",
+                   {{"x",
+                     {{"field", "depth"},
+                      {"type", "quantitative"},
+                      {"title", "layer / (layers - 1)"},
+                      {"axis", {{"format", ".0%"}}}}},
+                    {"y", {{"field", "value"}, {"type", "quantitative"}, {"title", nullptr}}},
+                    {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+                    {"tooltip", Tooltip({{"model", "nominal"},
+                                         {"layer", "ordinal"},
+                                         {"metric", "nominal"},
+                                         {"value", "quantitative"}})}}}};
+  spec["resolve"] = {{"scale", {{"y", "independent"}}}};
+  return MaybeChart(StudyChart{
+      "compare-layers", "Layer structure, model by model",
+      "Left: each layer's k_proj bias norm over the model's median layer (Qwen2-family models "
+      "spike in the first and last layers). Right: the mean attention on the first token per "
+      "layer. x is the relative depth, so models with different layer counts line up.",
+      std::move(spec)});
+}
+
+StatusOr<MaybeChart> CompareTasks(const std::vector<json>& studies,
+                                  const std::vector<std::string>& labels) {
+  json values = json::array();
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* gsm8k, ObjectMember(studies[i], "gsm8k", ""));
+    KVQ_ASSIGN_OR_RETURN(const json* schemes,
+                         gsm8k ? ArrayMember(*gsm8k, "schemes", "gsm8k")
+                               : StatusOr<const json*>(static_cast<const json*>(nullptr)));
+    for (size_t j = 0; schemes != nullptr && j < schemes->size(); ++j) {
+      const std::string path = Index("gsm8k.schemes", j);
+      KVQ_ASSIGN_OR_RETURN(std::string name, StringMember((*schemes)[j], "name", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> acc,
+                           NumberMember((*schemes)[j], "accuracy", path));
+      values.push_back({{"model", labels[i]},
+                        {"test", "GSM8K"},
+                        {"scheme", name},
+                        {"accuracy", NumberOrNull(acc)}});
+    }
+    KVQ_ASSIGN_OR_RETURN(const json* needle, ObjectMember(studies[i], "needle", ""));
+    KVQ_ASSIGN_OR_RETURN(const json* nschemes,
+                         needle ? ArrayMember(*needle, "schemes", "needle")
+                                : StatusOr<const json*>(static_cast<const json*>(nullptr)));
+    for (size_t j = 0; nschemes != nullptr && j < nschemes->size(); ++j) {
+      const std::string path = Index("needle.schemes", j);
+      KVQ_ASSIGN_OR_RETURN(std::string name, StringMember((*nschemes)[j], "name", path));
+      KVQ_ASSIGN_OR_RETURN(const json* cells, ArrayMember((*nschemes)[j], "cells", path));
+      int64_t correct = 0, trials = 0;
+      for (size_t k = 0; cells != nullptr && k < cells->size(); ++k) {
+        const std::string cpath = Index(Join(path, "cells"), k);
+        KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> c, IntMember((*cells)[k], "correct", cpath));
+        KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> t, IntMember((*cells)[k], "trials", cpath));
+        correct += c.value_or(0);
+        trials += t.value_or(0);
+      }
+      if (trials == 0) continue;
+      values.push_back({{"model", labels[i]},
+                        {"test", "needle (cells it ran)"},
+                        {"scheme", name},
+                        {"accuracy", static_cast<double>(correct) / trials}});
+    }
+  }
+  if (values.empty()) return MaybeChart();
+  json spec = BaseSpec();
+  spec["data"] = {{"values", values}};
+  spec["facet"] = {{"column", {{"field", "test"}, {"type", "nominal"}, {"title", nullptr}}}};
+  spec["spec"] = {
+      {"width", 300},
+      {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+      {"encoding",
+       {{"y", {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
+        {"x",
+         {{"field", "accuracy"},
+          {"type", "quantitative"},
+          {"axis", {{"format", ".0%"}}},
+          {"scale", {{"domain", {0, 1}}}}}},
+        {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+        {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+        {"tooltip", Tooltip({{"model", "nominal"},
+                             {"test", "nominal"},
+                             {"scheme", "nominal"},
+                             {"accuracy", "quantitative"}},
+                            ".1%")}}}};
+  return MaybeChart(StudyChart{
+      "compare-tasks", "Exact recall and reasoning, model by model",
+      "GSM8K accuracy per scheme and the needle tests' exact-match rate over the cells each "
+      "scheme ran (other schemes run only where the model's f16 cache passes), per model.",
+      std::move(spec)});
+}
+
+}  // namespace
+
+StatusOr<std::string> RenderComparisonReportHtml(const std::vector<json>& studies) {
+  if (studies.size() < 2) return Status::Error("a comparison needs at least two studies");
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_RETURN_IF_ERROR(study_report::CheckStudyVersion(studies[i], Index("studies", i)));
+  }
+  KVQ_ASSIGN_OR_RETURN(std::vector<std::string> labels, ModelLabels(studies));
+  study_report::PageParts page;
+  page.title = "kvq study: " + std::to_string(studies.size()) + " models side by side";
+  for (auto builder : {CompareSchemes, CompareFakeQuant, CompareLayers, CompareTasks}) {
+    auto chart = builder(studies, labels);
+    if (!chart.ok()) return chart.status();
+    if (*chart) page.charts.push_back(std::move(**chart));
+  }
+  KVQ_ASSIGN_OR_RETURN(std::string models, ModelTable(studies, labels));
+  page.body = "<header>\n<h1>kvq study: models side by side</h1>\n</header>\n" + models;
+  // The claims, one column per model.
+  std::string claims = "<h3>The write-up's claims per model</h3>\n<div class=\"scroll\"><table>\n";
+  std::vector<std::string> header = {"claim", "rows", "bits"};
+  for (const std::string& l : labels) header.push_back(EscapeHtml(l));
+  claims += TableRow(header, "th");
+  std::vector<std::string> keys;  // "id|family|bits" in first-seen order
+  std::map<std::string, std::vector<std::string>> cells;
+  std::map<std::string, std::vector<std::string>> lead;
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* fq, ObjectMember(studies[i], "fake_quant", ""));
+    if (fq == nullptr) continue;
+    KVQ_ASSIGN_OR_RETURN(const json* list, ArrayMember(*fq, "claims", "fake_quant"));
+    for (size_t j = 0; list != nullptr && j < list->size(); ++j) {
+      const std::string path = Index("fake_quant.claims", j);
+      const json& c = (*list)[j];
+      KVQ_ASSIGN_OR_RETURN(std::string id, StringMember(c, "id", path));
+      KVQ_ASSIGN_OR_RETURN(std::string claim, StringMember(c, "claim", path));
+      KVQ_ASSIGN_OR_RETURN(std::string family, StringMember(c, "family", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> bits, IntMember(c, "bits", path));
+      KVQ_ASSIGN_OR_RETURN(std::optional<double> ratio, NumberMember(c, "ratio", path));
+      KVQ_ASSIGN_OR_RETURN(bool holds, BoolMember(c, "holds", path));
+      const std::string b = bits ? std::to_string(*bits) : "";
+      const std::string key = id + "|" + family + "|" + b;
+      if (!cells.count(key)) {
+        keys.push_back(key);
+        cells[key].assign(studies.size(), "&ndash;");
+        lead[key] = {EscapeHtml(claim), EscapeHtml(family), b};
+      }
+      cells[key][i] = (ratio ? study_report::FormatNumber("%.2f&times; ", *ratio) : "") +
+                      (holds ? "holds" : "<b>fails</b>");
+    }
+  }
+  for (const std::string& key : keys) {
+    std::vector<std::string> row = lead[key];
+    row.insert(row.end(), cells[key].begin(), cells[key].end());
+    claims += TableRow(row);
+  }
+  claims += "</table></div>\n";
+  if (!keys.empty()) page.after_chart.push_back({"compare-fake-quant", claims});
+  return study_report::AssemblePage(page);
+}
+
+Status WriteComparisonReport(const std::vector<json>& studies, const std::string& path) {
+  KVQ_ASSIGN_OR_RETURN(std::string html, RenderComparisonReportHtml(studies));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
+  out.write(html.data(), static_cast<std::streamsize>(html.size()));
+  out.close();
+  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
+  return Status::Ok();
+}
+
+}  // namespace kvq

@@ -1,0 +1,65 @@
+// Pieces of the study report shared between its files (internal to
+// study/study_report*.cc).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "study/study_report.h"
+
+namespace kvq::study_report {
+
+using MaybeChart = std::optional<StudyChart>;
+
+nlohmann::json BaseSpec();
+nlohmann::json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_and_types,
+                       const char* number_format = ".4~g");
+// The inner spec of a faceted accuracy heatmap (passkey recall, needle
+// tasks): one rect per (x, y) coloured by "accuracy" on [0, 1], with the
+// cell's "label" text on top.
+nlohmann::json AccuracyHeatmap(const nlohmann::json& x, const nlohmann::json& y,
+                               const char* color_title, nlohmann::json tooltip, int step,
+                               int font_size);
+
+// Structure of the cache (study_report_structure.cc): k_proj bias norms per
+// layer, attention sinks per layer and head, K/V value statistics.
+StatusOr<MaybeChart> KBiasChart(const nlohmann::json& study);
+StatusOr<MaybeChart> SinkChart(const nlohmann::json& study);
+StatusOr<MaybeChart> TensorStatsChart(const nlohmann::json& study);
+
+// The write-up's claims as an HTML table (study_report_structure.cc); "" when
+// the study has none.
+StatusOr<std::string> ClaimsTable(const nlohmann::json& study);
+
+// Needle in a haystack and GSM8K (study_report_tasks.cc): a chart and a
+// table each ("" / no chart when the study has no such section).
+StatusOr<MaybeChart> NeedleChart(const nlohmann::json& study);
+StatusOr<std::string> NeedleTable(const nlohmann::json& study);
+StatusOr<MaybeChart> Gsm8kChart(const nlohmann::json& study);
+StatusOr<std::string> Gsm8kTable(const nlohmann::json& study);
+
+// The page around `body` (study_report.cc): head, self-check, body, the
+// chart sections (each followed by after_chart[id] if present), footer,
+// libraries, chart data and driver.
+struct PageParts {
+  std::string title;
+  std::string body;  // HTML before the chart sections
+  std::vector<StudyChart> charts;
+  std::vector<std::pair<std::string, std::string>> after_chart;  // (chart id, HTML)
+  std::string note;                                              // HTML after the chart sections
+};
+StatusOr<std::string> AssemblePage(const PageParts& parts);
+
+// <tr> of cells that are already HTML.
+std::string TableRow(const std::vector<std::string>& cells, const char* tag = "td");
+
+std::string FormatNumber(const char* format, double x);
+
+// An error unless `study` is an object of this kStudyVersion; `what` names it.
+Status CheckStudyVersion(const nlohmann::json& study, const std::string& what);
+
+}  // namespace kvq::study_report

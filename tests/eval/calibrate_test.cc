@@ -1,0 +1,154 @@
+// kvq calibrate's engine: a calibration file from a (synthetic) model feeds
+// a kvquant cache in the perplexity run; a file from another model shape is
+// a clear error.
+#include "eval/calibrate.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "eval/perplexity.h"
+#include "io/safetensors.h"
+#include "kv/kv_factory.h"
+#include "model/synth.h"
+
+namespace kvq {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempPath(const std::string& name) {
+  return (fs::path(KVQ_BINARY_DIR) / ("calibrate_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+std::string Text(size_t bytes) {
+  static const char* kWords[] = {"the ", "cache ", "stores ", "keys ",      "and ",   "values ",
+                                 "per ", "token ", "while ",  "attention ", "reads ", "them, "};
+  std::string s;
+  for (size_t i = 0; s.size() < bytes; ++i) s += kWords[(i * 7 + i / 3) % 12];
+  s.resize(bytes);
+  return s;
+}
+
+StatusOr<LoadedModel> SynthModel(const std::string& path, int64_t layers) {
+  KVQ_ASSIGN_OR_RETURN(auto preset, FindSynthPreset("tiny-qwen2"));
+  ModelConfig config = preset.config;
+  config.max_position_embeddings = 64;
+  config.num_layers = layers;
+  config.head_dim = 32;  // NUQ codecs need a multiple of 32 (the preset has 16)
+  SynthOptions options;
+  options.seed = 5;
+  KVQ_RETURN_IF_ERROR(WriteSynthGguf(config, nullptr, options, path));
+  return LoadModel(path, 2);
+}
+
+TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
+  const std::string model_path = TempPath("model.gguf"), other_path = TempPath("other.gguf");
+  const std::string calib_path = TempPath("calib.safetensors");
+  auto model = SynthModel(model_path, 2);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const KvShape shape = model->transformer->kv_shape();
+  ASSERT_EQ(shape.head_dim % 32, 0);
+
+  CalibrateOptions options;
+  options.bits = {2, 3};
+  options.context = 64;
+  options.tokens = 128;
+  options.qnorm = true;
+  EXPECT_FALSE(CalibrateKv(*model, Text(20), options).ok());  // shorter than one window
+  auto result = CalibrateKv(*model, Text(400), options);
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  const KvCalibration& c = result->calibration;
+  EXPECT_EQ(result->windows, 2);
+  EXPECT_EQ(c.tokens, 2 * 63);  // position 0 of each window is a sink, not calibrated
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.BitsList(), "2,3");
+  EXPECT_EQ(c.codebooks.at(3).k.size(), 2u * 8);
+  EXPECT_TRUE(c.qnorm);
+  ASSERT_TRUE(SaveKvCalibration(c, calib_path).ok());
+
+  KvCacheOptions cache_options;
+  cache_options.k_type = cache_options.v_type = "kvquant3";
+  cache_options.max_tokens = 64;
+  cache_options.num_threads = 2;
+  cache_options.calibration_path = calib_path;
+  auto cache = MakeKvCache(shape, cache_options);
+  ASSERT_TRUE(cache.ok()) << cache.status().message();
+  PerplexityOptions ppl_options;
+  ppl_options.context = 64;
+  auto ppl = RunPerplexity(*model, **cache, Text(400), ppl_options);
+  ASSERT_TRUE(ppl.ok()) << ppl.status().message();
+  EXPECT_TRUE(std::isfinite(ppl->ppl) && ppl->ppl > 1.0) << ppl->ppl;
+
+  // kvquant4 needs 4-bit codebooks the file does not have.
+  cache_options.k_type = cache_options.v_type = "kvquant4";
+  auto no_bits = MakeKvCache(shape, cache_options);
+  ASSERT_FALSE(no_bits.ok());
+  EXPECT_NE(no_bits.status().message().find("not 4"), std::string::npos);
+
+  auto other = SynthModel(other_path, 3);
+  ASSERT_TRUE(other.ok());
+  cache_options.k_type = cache_options.v_type = "kvquant3";
+  auto mismatch = MakeKvCache(other->transformer->kv_shape(), cache_options);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_NE(mismatch.status().message().find("num_layers 2 (model 3)"), std::string::npos)
+      << mismatch.status().message();
+  for (const std::string& f : {model_path, other_path, calib_path}) fs::remove(f);
+}
+
+TEST(Calibrate, FisherFileMustMatchTheTokensAndShapes) {
+  const std::string model_path = TempPath("fisher_model.gguf");
+  const std::string fisher_path = TempPath("fisher.safetensors");
+  auto model = SynthModel(model_path, 2);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const KvShape shape = model->transformer->kv_shape();
+  const std::string text = Text(200);
+  const int64_t ctx = 64, rows = ctx - 1;
+  std::vector<int32_t> tokens = PerplexityTokens(*model, text);
+  tokens.resize(ctx);  // one window (the synthetic model adds no BOS)
+  auto write = [&](float token_shift) {
+    SafetensorsWriter writer;
+    std::vector<float> ids(tokens.begin(), tokens.end());
+    for (float& id : ids) id += token_shift;
+    EXPECT_TRUE(writer.AddTensor("tokens", DType::kF32, {ctx}, ids.data(), ids.size() * 4).ok());
+    // Unit weights: this test is about matching the file to the run.
+    std::vector<float> w(static_cast<size_t>(rows * shape.num_kv_heads * shape.head_dim), 1.0f);
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      for (const char* side : {"k.", "v."}) {
+        EXPECT_TRUE(writer
+                        .AddTensor(side + std::to_string(l), DType::kF32,
+                                   {rows, shape.num_kv_heads, shape.head_dim}, w.data(),
+                                   w.size() * 4)
+                        .ok());
+      }
+    }
+    EXPECT_TRUE(writer.Write(fisher_path).ok());
+  };
+  CalibrateOptions options;
+  options.bits = {2};
+  options.context = ctx;
+  options.tokens = ctx;
+  options.fisher_path = fisher_path;
+  write(0.0f);
+  auto ok = CalibrateKv(*model, text, options);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->calibration.method, "fisher");
+  write(1.0f);
+  auto other_tokens = CalibrateKv(*model, text, options);
+  ASSERT_FALSE(other_tokens.ok());
+  EXPECT_NE(other_tokens.status().message().find("other tokens"), std::string::npos)
+      << other_tokens.status().message();
+  options.context = 32;  // 2 windows of 32: the file's shapes no longer fit
+  options.tokens = 64;
+  auto other_ctx = CalibrateKv(*model, text, options);
+  ASSERT_FALSE(other_ctx.ok());
+  for (const std::string& f : {model_path, fisher_path}) fs::remove(f);
+}
+
+}  // namespace
+}  // namespace kvq

@@ -1,0 +1,415 @@
+// The study's long stages on a tiny synthetic model: needle-in-a-haystack
+// prompts and scoring, GSM8K parsing and scoring, prefix sharing through
+// forks, and resuming from the per-cell result files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kv/kv_factory.h"
+#include "model/synth.h"
+#include "study/study.h"
+#include "study/study_decode.h"
+#include "study/study_gsm8k.h"
+#include "study/study_niah.h"
+#include "study/study_resume.h"
+
+namespace kvq {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempPath(const std::string& name) {
+  return (fs::path(KVQ_BINARY_DIR) / ("study_tasks_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+// A random-weight Qwen2 with a byte vocabulary (one byte = one token) and a
+// 640-token context: room for a needle prompt's fixed text (~250 bytes).
+class StudyTasksTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto preset = FindSynthPreset("tiny-qwen2");
+    ASSERT_TRUE(preset.ok());
+    ModelConfig config = preset->config;
+    config.hidden_size = 128;
+    config.num_heads = 2;
+    config.num_kv_heads = 1;
+    config.head_dim = 64;
+    config.max_position_embeddings = 640;
+    path_ = new std::string(TempPath("tiny.gguf"));
+    SynthOptions options;
+    options.seed = 11;
+    ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
+  }
+  static void TearDownTestSuite() {
+    if (path_ != nullptr) fs::remove(*path_);
+    delete path_;
+    path_ = nullptr;
+  }
+  void SetUp() override {
+    auto loaded = LoadModel(*path_, 1);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    model_ = std::move(loaded).value();
+  }
+  std::unique_ptr<KvCache> Cache(const std::string& type, int64_t tokens) {
+    SchemeSpec spec{type, type, type, false, ""};
+    KvCacheOptions o = SchemeCacheOptions(spec, tokens, 1);
+    o.memory_bytes = 0;
+    auto plan = PlanKvType(model_.transformer->kv_shape(), o);
+    EXPECT_TRUE(plan.ok());
+    o.memory_bytes = static_cast<size_t>(2 * ExactKvBytes(plan->layout, 1, tokens));
+    auto cache = MakeKvCache(model_.transformer->kv_shape(), o);
+    EXPECT_TRUE(cache.ok()) << cache.status().message();
+    return std::move(cache).value();
+  }
+  std::string Text(const std::vector<int32_t>& ids) { return model_.tokenizer->Decode(ids); }
+
+  static std::string* path_;
+  LoadedModel model_;
+};
+std::string* StudyTasksTest::path_ = nullptr;
+
+// A prompt has exactly context - answer room tokens; the asked needle sits
+// at needle_position, at the start for depth 0 and last for depth 1; keys
+// are the asked one, values 7 digits.
+TEST_F(StudyTasksTest, NeedlePromptHasTheRequestedLengthAndNeedle) {
+  for (NeedleTask task : {NeedleTask::kSingleRepeat, NeedleTask::kSingleNeedle,
+                          NeedleTask::kMultiKeyRepeat, NeedleTask::kMultiValueRepeat}) {
+    for (double depth : {0.0, 0.5, 1.0}) {
+      auto p = BuildNeedlePrompt(model_, task, 600, depth, 3, 99, false);
+      ASSERT_TRUE(p.ok()) << NeedleTaskName(task) << ": " << p.status().message();
+      EXPECT_EQ(static_cast<int64_t>(p->tokens.size()), 600 - NeedleAnswerTokens(task));
+      const std::string text = Text(p->tokens);
+      const std::string needle = " One special number for " + p->key + " is " + p->values[0] + ".";
+      const std::string at =
+          Text(std::vector<int32_t>(p->tokens.begin() + p->needle_position, p->tokens.end()));
+      EXPECT_EQ(at.rfind(needle, 0), 0u) << NeedleTaskName(task) << " depth " << depth;
+      EXPECT_NE(text.find("What " +
+                          std::string(task == NeedleTask::kMultiValueRepeat
+                                          ? "are all the special numbers for "
+                                          : "is the special number for ") +
+                          p->key + "?"),
+                std::string::npos);
+      for (const std::string& v : p->values) {
+        EXPECT_EQ(v.size(), 7u);
+        EXPECT_NE(text.find(" is " + v + "."), std::string::npos);
+      }
+      EXPECT_EQ(p->values.size(), task == NeedleTask::kMultiValueRepeat ? 4u : 1u);
+      if (depth == 0.0) {
+        EXPECT_LT(p->needle_position, 200);  // right after the instruction
+      }
+      if (depth == 1.0 && task != NeedleTask::kMultiValueRepeat &&
+          task != NeedleTask::kMultiKeyRepeat) {
+        // Nothing but the question after the needle.
+        EXPECT_EQ(at.substr(needle.size(), 11), "\n\nQuestion:") << at;
+      }
+    }
+  }
+  // The asked key appears in the needle and the question only: distractors
+  // never carry it.
+  auto p = BuildNeedlePrompt(model_, NeedleTask::kSingleNeedle, 600, 0.5, 1, 99, false);
+  ASSERT_TRUE(p.ok());
+  const std::string text = Text(p->tokens);
+  size_t count = 0;
+  for (size_t at = text.find(p->key); at != std::string::npos; at = text.find(p->key, at + 1))
+    ++count;
+  EXPECT_EQ(count, 3u);  // needle, question, answer prefix
+  EXPECT_FALSE(BuildNeedlePrompt(model_, NeedleTask::kSingleRepeat, 200, 0.5, 0, 1, false).ok());
+}
+
+// Seeded per (task, context, depth, trial): the same prompt every time, and
+// the trials of a cell share their text up to the asked needle.
+TEST_F(StudyTasksTest, NeedleTrialsAreSeededAndShareTheirPrefix) {
+  auto a = BuildNeedlePrompt(model_, NeedleTask::kMultiKeyRepeat, 600, 0.5, 0, 7, false);
+  auto b = BuildNeedlePrompt(model_, NeedleTask::kMultiKeyRepeat, 600, 0.5, 0, 7, false);
+  auto c = BuildNeedlePrompt(model_, NeedleTask::kMultiKeyRepeat, 600, 0.5, 1, 7, false);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_NE(a->tokens, c->tokens);
+  const size_t shared = CommonPrefixLength({a->tokens, c->tokens});
+  EXPECT_GE(shared + 40, static_cast<size_t>(std::min(a->needle_position, c->needle_position)));
+  EXPECT_GT(shared, 100u);
+}
+
+TEST(StudyNeedleScoreTest, ExactMatchOfTheFirstNumbers) {
+  EXPECT_TRUE(NeedleAnswerCorrect(" 1234567.", {"1234567"}));
+  EXPECT_FALSE(NeedleAnswerCorrect(" 1234568.", {"1234567"}));
+  EXPECT_FALSE(NeedleAnswerCorrect(" 123456", {"1234567"}));
+  EXPECT_FALSE(NeedleAnswerCorrect(" 7654321 and 1234567", {"1234567"}));  // the first counts
+  EXPECT_TRUE(NeedleAnswerCorrect(" 3333333, 1111111, 4444444 and 2222222.",
+                                  {"1111111", "2222222", "3333333", "4444444"}));
+  EXPECT_FALSE(NeedleAnswerCorrect(" 3333333, 1111111, 1111111 and 2222222.",
+                                   {"1111111", "2222222", "3333333", "4444444"}));
+  EXPECT_FALSE(NeedleAnswerCorrect("", {"1"}));
+  auto t = ParseNeedleTask("multivalue_repeat");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t, NeedleTask::kMultiValueRepeat);
+  EXPECT_FALSE(ParseNeedleTask("single").ok());
+}
+
+// A prompt answered on a fork of its prefilled prefix gives the same greedy
+// answer as the whole prompt run alone, and recomputes only its tail.
+TEST_F(StudyTasksTest, ForkedPrefixGivesTheSameAnswer) {
+  auto p = BuildNeedlePrompt(model_, NeedleTask::kSingleRepeat, 600, 0.75, 0, 5, false);
+  ASSERT_TRUE(p.ok());
+  for (const char* type : {"f16", "kivi2"}) {
+    std::unique_ptr<KvCache> cache = Cache(type, 600);
+    GreedyStop stop;
+    stop.max_tokens = 8;
+    std::string alone, forked;
+    {
+      PrefixRunner runner(model_, *cache);
+      auto a = runner.Answer(p->tokens, stop);
+      ASSERT_TRUE(a.ok()) << a.status().message();
+      alone = *a;
+    }
+    PrefixRunner runner(model_, *cache);
+    const std::vector<int32_t> prefix(p->tokens.begin(), p->tokens.begin() + p->needle_position);
+    ASSERT_TRUE(runner.SetPrefix(prefix).ok());
+    const int64_t before = runner.tokens_computed();
+    auto b = runner.Answer(p->tokens, stop);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    forked = *b;
+    EXPECT_EQ(forked, alone) << type;
+    EXPECT_EQ(runner.tokens_shared(), p->needle_position);
+    EXPECT_LE(runner.tokens_computed() - before,
+              static_cast<int64_t>(p->tokens.size()) - p->needle_position + stop.max_tokens);
+    // A second prompt on the same prefix works too (the fork was released).
+    EXPECT_TRUE(runner.Answer(p->tokens, stop).ok());
+    EXPECT_FALSE(runner.Answer(prefix, stop).ok());  // not longer than the prefix
+  }
+}
+
+TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
+  const std::string path = TempPath("log.jsonl");
+  fs::remove(path);
+  {
+    auto log = ResultLog::Open(path);
+    ASSERT_TRUE(log.ok());
+    EXPECT_TRUE(log->records().empty());
+    ASSERT_TRUE(log->Append({{"trial", 0}}).ok());
+    ASSERT_TRUE(log->Append({{"trial", 1}}).ok());
+  }
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "{\"trial\": 2, \"corr";  // killed mid-write
+  }
+  auto log = ResultLog::Open(path);
+  ASSERT_TRUE(log.ok()) << log.status().message();
+  ASSERT_EQ(log->records().size(), 2u);
+  ASSERT_TRUE(log->Append({{"trial", 2}}).ok());
+  auto again = ResultLog::Open(path);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->records().size(), 3u);
+  EXPECT_EQ(again->records()[2]["trial"], 2);
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "not json\n";
+  }
+  auto bad = ResultLog::Open(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(":4:"), std::string::npos) << bad.status().message();
+  fs::remove(path);
+
+  const std::string dir = TempPath("results");
+  fs::remove_all(dir);
+  ASSERT_TRUE(PrepareResultDir(dir, {{"seed", 1}}).ok());
+  EXPECT_TRUE(PrepareResultDir(dir, {{"seed", 1}}).ok());
+  auto other = PrepareResultDir(dir, {{"seed", 2}});
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.message().find("different configuration"), std::string::npos);
+  fs::remove_all(dir);
+  EXPECT_NE(ResultFileStem("f16/int4"), ResultFileStem("f16_int4"));
+  EXPECT_EQ(ResultFileStem("f16/int4").find('/'), std::string::npos);
+}
+
+// The needle stage end to end: f16 first, cells written per file, a killed
+// run (a cell's last line lost) resumes with only the missing trial, and
+// schemes other than f16 skip the (task, context) pairs f16 fails.
+TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
+  const std::string dir = TempPath("needle");
+  fs::remove_all(dir);
+  NeedleOptions o;
+  o.tasks = {NeedleTask::kSingleRepeat};
+  o.contexts = {600};
+  o.depths = {0.5};
+  o.trials = 3;
+  std::vector<NeedleScheme> schemes;
+  for (const char* type : {"f16", "int4"}) {
+    schemes.push_back(
+        {type, [this, type]() -> StatusOr<std::unique_ptr<KvCache>> { return Cache(type, 600); }});
+  }
+  // Progress counts recorded trials too; the files hold one line per trial
+  // run, so their lengths tell what ran.
+  NeedleProgress last;
+  auto count = [&](const NeedleProgress& p) { last = p; };
+  auto lines = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  };
+  auto first = RunNeedleStudy(model_, schemes, o, dir, count);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  const nlohmann::json& j = *first;
+  ASSERT_EQ(j["schemes"].size(), 2u);
+  EXPECT_EQ(j["schemes"][0]["name"], "f16");
+  ASSERT_EQ(j["schemes"][0]["cells"].size(), 1u);
+  EXPECT_EQ(j["schemes"][0]["cells"][0]["trials"], 3);
+  // A random model recalls nothing: f16 fails, so int4 runs no cell.
+  EXPECT_EQ(j["schemes"][0]["cells"][0]["correct"], 0);
+  EXPECT_TRUE(j["schemes"][1]["cells"].empty());
+  EXPECT_FALSE(j["per_task"][0]["model_can_do"].get<bool>());
+  EXPECT_NE(j["statement"].get<std::string>().find("cannot do it"), std::string::npos);
+  EXPECT_GT(j["tokens_from_shared_prefix"].get<int64_t>(), 0);
+  EXPECT_EQ(last.scheme, "f16");
+  EXPECT_EQ(last.done, 3);
+  EXPECT_EQ(last.total, 3);
+
+  // Cut the cell's last line short, as a kill mid-write would.
+  const std::string cell = dir + "/" + ResultFileStem("f16") + "/single_repeat_c600_d0.500.jsonl";
+  ASSERT_TRUE(fs::exists(cell));
+  const auto size = fs::file_size(cell);
+  EXPECT_EQ(lines(cell), 3);
+  fs::resize_file(cell, size - 5);
+  auto second = RunNeedleStudy(model_, schemes, o, dir, count);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(lines(cell), 3);  // 2 kept + only the lost trial again
+  EXPECT_EQ(last.done, 3);
+  EXPECT_EQ((*second)["schemes"][0]["cells"], j["schemes"][0]["cells"]);
+  // More trials later: only the new ones run.
+  o.trials = 4;
+  auto more = RunNeedleStudy(model_, schemes, o, dir, count);
+  ASSERT_TRUE(more.ok()) << more.status().message();
+  EXPECT_EQ(lines(cell), 4);
+  EXPECT_EQ(last.done, 4);
+  EXPECT_EQ((*more)["schemes"][0]["cells"][0]["trials"], 4);
+  // Another seed is another configuration: refused.
+  o.seed = 1;
+  EXPECT_FALSE(RunNeedleStudy(model_, schemes, o, dir, count).ok());
+  fs::remove_all(dir);
+}
+
+TEST(StudyGsm8kTest, ParsesReferencesAndLastNumbers) {
+  EXPECT_EQ(Gsm8kReference("so 3 + 4 = 7\n#### 1,234"), "1234");
+  EXPECT_EQ(Gsm8kReference("no marker 5"), "");
+  EXPECT_EQ(LastNumber("She has 3 apples, then 12. The answer is 18."), "18");
+  EXPECT_EQ(LastNumber("The answer is $1,250.50"), "1250.50");
+  EXPECT_EQ(LastNumber("It is -7."), "-7");
+  EXPECT_EQ(LastNumber("5 - 3 = 2"), "2");
+  EXPECT_EQ(LastNumber("no numbers"), "");
+  EXPECT_TRUE(SameNumber("18", "18.0"));
+  EXPECT_TRUE(SameNumber("1250.50", "1250.5"));
+  EXPECT_FALSE(SameNumber("18", "19"));
+  EXPECT_FALSE(SameNumber("", "0"));
+}
+
+// Wilson score interval, checked against the closed form at known points
+// (k = 0: [0, z^2 / (n + z^2)]; k = n/2: symmetric about 1/2).
+TEST(StudyGsm8kTest, WilsonInterval) {
+  const double z = 1.959963984540054;
+  auto [lo0, hi0] = WilsonInterval(0, 3);
+  EXPECT_NEAR(lo0, 0.0, 1e-15);
+  EXPECT_NEAR(hi0, z * z / (3 + z * z), 1e-12);
+  auto [lo, hi] = WilsonInterval(5, 10);
+  EXPECT_NEAR(lo + hi, 1.0, 1e-12);
+  EXPECT_NEAR(lo, 0.2365931, 1e-6);  // the textbook value for 5/10
+  auto [lo250, hi250] = WilsonInterval(125, 250);
+  EXPECT_LT(hi250 - lo250, hi - lo);  // more problems, narrower
+}
+
+TEST(StudyGsm8kTest, LoadVerifiesTheChecksumAndParses) {
+  const std::string data = TempPath("test.jsonl"), sums = TempPath("SHA256SUMS");
+  {
+    std::ofstream f(data);
+    f << "{\"question\": \"1 + 1?\", \"answer\": \"1 + 1 = 2\\n#### 2\"}\n"
+         "{\"question\": \"Big?\", \"answer\": \"#### 1,000\"}\n";
+  }
+  {
+    std::ofstream f(sums);
+    f << "0000000000000000000000000000000000000000000000000000000000000000  "
+      << fs::path(data).filename().string() << "\n";
+  }
+  auto bad = LoadGsm8k(data, sums);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sha256"), std::string::npos);
+  auto unchecked = LoadGsm8k(data, "");
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status().message();
+  ASSERT_EQ(unchecked->size(), 2u);
+  EXPECT_EQ((*unchecked)[1].reference, "1000");
+  {
+    std::ofstream f(data, std::ios::app);
+    f << "{\"question\": \"x\"}\n";
+  }
+  EXPECT_FALSE(LoadGsm8k(data, "").ok());
+  fs::remove(data);
+  fs::remove(sums);
+}
+
+// The shared GSM8K split, when present: its published digest and 1,319 problems.
+TEST(StudyGsm8kTest, SharedSplitMatchesItsChecksum) {
+  const fs::path dir = fs::path(KVQ_SOURCE_DIR) / ".." / "shared" / "data" / "gsm8k";
+  if (!fs::exists(dir / "test.jsonl")) GTEST_SKIP() << "no " << dir.string();
+  auto data = LoadGsm8k((dir / "test.jsonl").string(), (dir / "SHA256SUMS").string());
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  EXPECT_EQ(data->size(), 1319u);
+  EXPECT_EQ((*data)[0].reference, "18");
+}
+
+// The GSM8K stage: the same problems per scheme, resumable per problem.
+TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
+  const std::string data_path = TempPath("gsm.jsonl"), dir = TempPath("gsm8k");
+  fs::remove_all(dir);
+  {
+    std::ofstream f(data_path);
+    for (int i = 0; i < 3; ++i) {
+      f << "{\"question\": \"What is " << i << " + 1?\", \"answer\": \"#### " << i + 1 << "\"}\n";
+    }
+  }
+  auto data = LoadGsm8k(data_path, "");
+  ASSERT_TRUE(data.ok());
+  std::vector<Gsm8kScheme> schemes;
+  for (const char* type : {"f16", "int2"}) {
+    schemes.push_back(
+        {type, [this, type]() -> StatusOr<std::unique_ptr<KvCache>> { return Cache(type, 640); }});
+  }
+  Gsm8kOptions o;
+  o.problems = 2;
+  o.max_new_tokens = 6;
+  o.chat = false;
+  int64_t events = 0;
+  auto first = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path,
+                             [&](const Gsm8kProgress&) { ++events; });
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_EQ((*first)["schemes"].size(), 2u);
+  const auto& f16 = (*first)["schemes"][0];
+  EXPECT_EQ(f16["problems"], 2);
+  EXPECT_GE(f16["wilson95_high"].get<double>(), f16["accuracy"].get<double>());
+  EXPECT_EQ(events, 2 * (1 + 2));  // per scheme: the start and each problem
+  // Rerun: nothing new; one more problem: only it runs, per scheme.
+  events = 0;
+  auto again = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path,
+                             [&](const Gsm8kProgress&) { ++events; });
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(events, 2);
+  EXPECT_EQ((*again)["schemes"], (*first)["schemes"]);
+  o.problems = 3;
+  events = 0;
+  auto more = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path,
+                            [&](const Gsm8kProgress&) { ++events; });
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(events, 2 * (1 + 1));
+  EXPECT_EQ((*more)["schemes"][1]["problems"], 3);
+  o.max_new_tokens = 7;  // another configuration
+  EXPECT_FALSE(RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr).ok());
+  fs::remove_all(dir);
+  fs::remove(data_path);
+}
+
+}  // namespace
+}  // namespace kvq

@@ -76,6 +76,15 @@ StatusOr<PerplexityResult> RunPerplexity(
     LoadedModel& model, KvCache& cache, const std::string& text, const PerplexityOptions& options,
     const std::function<void(const PerplexityProgress&)>& on_window = nullptr);
 
+// KL(base || this) in nats for one position: log-probs over the same
+// vocabulary, base[i] = -inf where the base stores no probability (llama.cpp's
+// file leaves out tokens 16 nats below the top). Both distributions are
+// renormalized over the base's support, so the stored rounding enters only
+// through the difference of two proper distributions and a truncated copy of
+// a distribution is at KL 0 from it. (llama-perplexity sums the same terms
+// without renormalizing; the two differ by about the tail-mass difference.)
+double KlDivergence(const std::vector<double>& base, const std::vector<double>& log_probs);
+
 // log-softmax of one logits row in double. logits: [n], out: [n].
 void LogSoftmax(const float* logits, int64_t n, double* out);
 

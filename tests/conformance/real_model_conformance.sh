@@ -8,12 +8,23 @@
 #   2. kvq writes the same file format (--logits-format llama) in that run;
 #      llama-perplexity --kl-divergence scores itself against it: the reverse
 #      KL(kvq || llama.cpp) must also be <= 5e-4 and top-1 >= 99.5%.
-# BARS=issue checks the issue's bars (make conformance-real; not met yet,
-# cause not found: docs/benchmarks.md "Real models"). BARS=regression (make test) holds the agreement measured on
-# SmolLM2 with f32 activations (KL 2.8e-3 nats both ways, top-1 96.3%,
-# perplexity 0.4% apart) at twice the KL and one point of top-1, so a broken
-# kernel or format fails while the known gap does not. Figures go to
-# WORK/NAME.summary.txt.
+# BARS=issue checks the issue's bars (make conformance-real). On quantized
+# files they are out of reach for any implementation that is not bit-identical
+# to this llama.cpp build: llama.cpp rounds every activation vector to 8 bits
+# (q8_0/q8_1/q8_K) and that rounding re-draws itself under any change below
+# f32 precision, so llama.cpp with flash attention off vs on is itself at
+# KL 3.3e-3, same top-1 96.1% on SmolLM2 (docs/benchmarks.md "Real models").
+# Issue mode therefore also measures that spread of llama.cpp against itself
+# and checks that kvq is no further from llama.cpp than that.
+# BARS=regression (make test) holds the agreement measured on SmolLM2 after
+# the KL reader's fix (64 windows: KL(llama.cpp || kvq) 2.762e-3,
+# KL(kvq || llama.cpp) 2.763e-3, top-1 96.28%, perplexity 0.37% apart) at
+# 1.5x that KL and 0.8 point of top-1 below it. llama.cpp's own spread
+# (3.3e-3, 96.1%) lies inside these bars, and no correct kvq can be closer
+# to llama.cpp than that. kvq's own forward pass is held to 1e-8 nats on the
+# same weights decoded to f32 (conformance_tests RealF32.*), so what this
+# guards is the file formats and the quantized kernels; a broken one moves
+# the KL by far more. Figures go to WORK/NAME.summary.txt.
 #   real_model_conformance.sh KVQ_BIN LLAMA_BIN_DIR MODEL.gguf TEXT WORK [CHUNKS] [BARS]
 set -euo pipefail
 kvq=$1
@@ -25,7 +36,7 @@ chunks=${6:-64}  # 64 windows x 256 scored = 16,320 positions
 bars=${7:-issue}
 case $bars in
   issue) max_kl=5e-4 min_top1=99.5 ;;
-  regression) max_kl=5.6e-3 min_top1=95.3 ;;
+  regression) max_kl=4.2e-3 min_top1=95.5 ;;
   *) echo "bars must be issue or regression"; exit 2 ;;
 esac
 [ -f "$model" ] || { echo "SKIP: $model missing (run scripts/setup.sh)"; exit 77; }
@@ -40,6 +51,15 @@ threads=2
   --kl-divergence-base "$llama_base" >"$work/$name.llama-ppl.log" 2>&1 \
   || { tail -20 "$work/$name.llama-ppl.log"; echo "FAIL: llama-perplexity failed"; exit 1; }
 llama_ppl=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$work/$name.llama-ppl.log")
+
+self_kl="" self_top1=""
+if [ "$bars" = issue ]; then  # llama.cpp against itself: flash attention off vs its default
+  "$llama_bin/llama-perplexity" -m "$model" -c 512 -b 512 -t $threads -fa off \
+    --kl-divergence-base "$llama_base" --kl-divergence >"$work/$name.llama-self.log" 2>&1 \
+    || { tail -20 "$work/$name.llama-self.log"; echo "FAIL: llama-perplexity -fa off failed"; exit 1; }
+  self_kl=$(sed -n 's/^Mean    KLD: *\([-0-9.e]*\).*/\1/p' "$work/$name.llama-self.log")
+  self_top1=$(sed -n 's/^Same top p: *\([0-9.]*\).*/\1/p' "$work/$name.llama-self.log")
+fi
 
 "$kvq" perplexity -m "$model" -f "$text" -c 512 -b 512 --chunks "$chunks" -t $threads \
   --kv-cache-dtype f16 --kl-divergence "$llama_base" \
@@ -65,6 +85,7 @@ ppl_rel=$(awk -v a="$kvq_ppl" -v b="$llama_ppl" 'BEGIN {d = (a - b) / b; if (d <
   echo "PPL: llama.cpp $llama_ppl, kvq $kvq_ppl (relative difference $ppl_rel)"
   echo "KL(llama.cpp || kvq) mean $kvq_kl nats, same top-1 $kvq_top1 %"
   echo "KL(kvq || llama.cpp) mean $rev_kl nats, same top-1 $rev_top1 % (computed by llama-perplexity)"
+  [ -z "$self_kl" ] || echo "llama.cpp flash attention off vs on: KL mean $self_kl nats, same top-1 $self_top1 %"
 } | tee "$work/$name.summary.txt"
 
 fail=0
@@ -78,6 +99,13 @@ check "KL(llama.cpp || kvq) <= $max_kl ($kvq_kl)" "$kvq_kl <= $max_kl"
 check "same top-1 >= $min_top1% ($kvq_top1)" "$kvq_top1 >= $min_top1"
 check "KL(kvq || llama.cpp) <= $max_kl ($rev_kl)" "$rev_kl <= $max_kl"
 check "llama.cpp's same top-1 >= $min_top1% ($rev_top1)" "$rev_top1 >= $min_top1"
+if [ -n "$self_kl" ]; then
+  check "KL(llama.cpp || kvq) within llama.cpp's own spread ($kvq_kl <= $self_kl)" "$kvq_kl <= $self_kl"
+  # top-1 rates carry a sampling error of ~0.15 point at 16K positions (0.9
+  # at 512): one point of slack keeps the check from failing on noise.
+  check "same top-1 within llama.cpp's own spread ($kvq_top1 >= $self_top1 - 1)" \
+    "$kvq_top1 >= $self_top1 - 1"
+fi
 echo "bars: $bars"
 # The two baselines are n_vocab x 2 bytes per position (1.6 GB for SmolLM2).
 rm -f "$llama_base" "$kvq_base"

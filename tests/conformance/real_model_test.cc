@@ -136,9 +136,10 @@ GreedyRun RunAllPrompts(const std::string& path) {
       std::printf("%-8s %zu prompt tokens: %d tokens identical\n", p.name, tokens->size(),
                   kGenerate);
     } else {
-      std::printf("%-8s %zu prompt tokens: diverges at token %d (llama.cpp %d, kvq %d), "
-                  "llama.cpp top-2 gap %.4f\n",
-                  p.name, tokens->size(), first_diff, ref[first_diff].token, ours[first_diff], gap);
+      std::printf(
+          "%-8s %zu prompt tokens: diverges at token %d (llama.cpp %d, kvq %d), "
+          "llama.cpp top-2 gap %.4f\n",
+          p.name, tokens->size(), first_diff, ref[first_diff].token, ours[first_diff], gap);
     }
   }
   return run;
@@ -149,8 +150,11 @@ std::string ModelPath(const char* file) { return std::string(KVQ_DEPS_DIR) + "/m
 class RealModelGreedy : public testing::TestWithParam<const char*> {};
 
 // The issue's bars: >= 4 of 5 continuations identical, and any divergence
-// starting at a near-tie. Run by `make conformance-real`. Not met yet (the
-// cause is not found: docs/benchmarks.md, "Real models").
+// starting at a near-tie. Run by `make conformance-real`. Out of reach on
+// quantized files: llama.cpp against itself (harness greedy with vs without
+// --fa-off) keeps only 2 of SmolLM2's 5 continuations identical and diverges
+// at top-2 gaps 0.0098, 0.095 and 0.087 (its 8-bit activation rounding
+// re-draws itself; docs/benchmarks.md, "Real models").
 TEST_P(RealModelGreedy, ContinuationsMatchLlamaCpp) {
   const std::string path = ModelPath(GetParam());
   if (!fs::exists(path)) GTEST_SKIP() << path << " missing: run scripts/setup.sh";
@@ -161,13 +165,13 @@ TEST_P(RealModelGreedy, ContinuationsMatchLlamaCpp) {
   EXPECT_GE(run.identical, run.prompts - 1);
 }
 
-// What `make test` holds kvq to until the bars above are met: a regression
-// guard at the agreement measured on SmolLM2 with f32 activations (first
-// divergences at generated tokens 12, 17 and 31, llama.cpp top-2 gaps up to
-// 0.095, 2 of 5 identical): every continuation agrees on its first 8 tokens,
-// and a divergence starts where llama.cpp's top-2 gap is below 0.2 (twice
-// the largest seen), i.e. between close candidates, not from a broken model
-// (which diverges at once, at any gap).
+// What `make test` holds kvq to: the agreement measured on SmolLM2 (kvq vs
+// llama.cpp: first divergences at generated tokens 12, 14, 17, 31, gaps up
+// to 0.095, 1 of 5 identical; llama.cpp vs itself with flash attention off:
+// 12, 15, 31, gaps up to 0.095). Every continuation agrees on its first 10
+// tokens, and a divergence starts where llama.cpp's top-2 gap is below 0.15
+// (1.5x the largest seen either way), i.e. between close candidates, not
+// from a broken model (which diverges at once, at any gap).
 TEST_P(RealModelGreedy, ContinuationsStayCloseToLlamaCpp) {
   const std::string path = ModelPath(GetParam());
   if (!fs::exists(path)) GTEST_SKIP() << path << " missing: run scripts/setup.sh";
@@ -175,8 +179,8 @@ TEST_P(RealModelGreedy, ContinuationsStayCloseToLlamaCpp) {
   EXPECT_EQ(run.prompts, 5);
   for (size_t i = 0; i < run.gap.size(); ++i) {
     if (run.first_diff[i] < 0) continue;
-    EXPECT_GE(run.first_diff[i], 8) << "prompt " << i;
-    EXPECT_LT(run.gap[i], 0.2f) << "prompt " << i;
+    EXPECT_GE(run.first_diff[i], 10) << "prompt " << i;
+    EXPECT_LT(run.gap[i], 0.15f) << "prompt " << i;
   }
 }
 

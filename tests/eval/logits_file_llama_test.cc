@@ -9,9 +9,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <vector>
 
 #include "eval/logits_file.h"
+#include "eval/perplexity.h"
 
 namespace kvq {
 namespace {
@@ -118,6 +120,73 @@ TEST(LlamaLogitsFile, ReadsWhatItWroteWithinOneQuantizationStep) {
   }
   LogitsRow extra;
   EXPECT_FALSE((*reader)->ReadRow(&extra).ok());
+  fs::remove(path);
+}
+
+// A distribution whose tail is far below llama.cpp's 16-nat floor: the top
+// token near log-prob 0, a body of 200 tokens 6..14 nats below it, and 30,000 tokens just
+// under the floor holding ~2e-3 of the mass (as a real 50K-150K vocabulary
+// does: SmolLM2's tail is ~1.8e-4). Log-probs, normalized in double.
+std::vector<double> HeavyTailLogProbs() {
+  std::vector<double> lp;
+  lp.push_back(0.0);
+  for (int i = 0; i < 200; ++i) lp.push_back(-6.0 - 8.0 * i / 200.0);
+  for (int i = 0; i < 30000; ++i) lp.push_back(-16.05 - 0.5 * (i % 7) / 7.0);
+  double max = *std::max_element(lp.begin(), lp.end()), sum = 0;
+  for (double x : lp) sum += std::exp(x - max);
+  for (double& x : lp) x -= max + std::log(sum);
+  return lp;
+}
+
+double TailMassBelow(const std::vector<double>& lp, double floor) {
+  double m = 0;
+  for (double x : lp) m += x <= floor ? std::exp(x) : 0.0;
+  return m;
+}
+
+// A truncated copy of a distribution (the tail set to zero probability, as
+// llama.cpp's file stores it) is at KL 0 from the distribution itself: both
+// are compared on the base's support. Renormalizing the base alone would
+// give -log(1 - tail mass) ~ 2e-3 here: the floor kvq once reported against
+// llama.cpp on every position (1.8e-4 on SmolLM2, found by issue 16's bisect).
+TEST(LlamaLogitsFile, TruncatedBaseIsAtKlZeroFromItsSource) {
+  const std::vector<double> lp = HeavyTailLogProbs();
+  const double floor = lp[0] - 16.0;
+  ASSERT_GT(TailMassBelow(lp, floor), 1e-3);
+  std::vector<double> base = lp;
+  for (double& x : base) x = x <= floor ? -INFINITY : x;
+  EXPECT_NEAR(KlDivergence(base, lp), 0.0, 1e-12);
+  EXPECT_NEAR(KlDivergence(lp, lp), 0.0, 1e-12);
+  // Still a divergence: moving mass inside the support is seen.
+  std::vector<double> other = lp;
+  other[0] -= 1.0;
+  EXPECT_GT(KlDivergence(base, other), 1e-3);
+}
+
+// The same through the file: a row written in llama.cpp's format and read
+// back is within the 16-bit rounding of its source. Each stored log-prob is
+// off by at most half a step (16 / 65535 / 2) and renormalization cancels a
+// common offset, so KL <= max(delta) - min(delta) <= one step, 2.4e-4 (the
+// bound of PerplexityTest's f16 case, with the step for 2^-11 |l|). The tail
+// mass here (2.4e-3) is 10x that bound.
+TEST(LlamaLogitsFile, RoundTripOfAHeavyTailIsWithinOneStepOfKl) {
+  const std::vector<double> lp = HeavyTailLogProbs();
+  const std::string path = Temp("tail.bin");
+  const uint32_t vocab = static_cast<uint32_t>(lp.size());
+  auto w = LogitsFileWriter::Create(path, Header(vocab, 4, 1));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_TRUE((*w)->WriteRow(0, 0.0f, lp.data()).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  auto reader = LogitsFileReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  LogitsRow row;
+  ASSERT_TRUE((*reader)->ReadRow(&row).ok());
+  const std::vector<double> base(row.log_probs.begin(), row.log_probs.end());
+  const double step = 16.0 / 65535.0;
+  ASSERT_GT(TailMassBelow(lp, lp[0] - 16.0), 8 * step);
+  const double kl = KlDivergence(base, lp);
+  EXPECT_LE(kl, step);
+  EXPECT_GE(kl, -1e-12);
   fs::remove(path);
 }
 

@@ -5,15 +5,18 @@
 //
 //   harness load MODEL.gguf
 //       loads every tensor, prints "ok n_vocab=… n_layer=… desc=…"
-//   harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...
+//   harness logits MODEL.gguf OUT.bin [--decode] [--threads N] [--fa-off] TOKEN...
 //       runs the tokens as one sequence and writes the logits of every
 //       position: magic "KVQLOGIT", uint32 n_tokens, uint32 n_vocab, then
 //       n_tokens*n_vocab little-endian f32. --decode feeds one token per
 //       llama_decode call (the KV-cache path); default is one batch (prefill).
-//   harness greedy MODEL.gguf N [--threads N] TOKEN...
+//   harness greedy MODEL.gguf N [--threads N] [--fa-off] TOKEN...
 //       prefills the prompt tokens (f16 KV cache, llama.cpp's default), then
 //       decodes N tokens greedily; prints one line per generated token:
 //       "<token> <top-1 logit> <top-2 logit>" (the gap tells a near-tie).
+//   --fa-off (logits, greedy, dump) turns llama.cpp's flash attention off
+//       (default: llama.cpp's auto, on for the CPU): the same math in another
+//       order, which measures llama.cpp's own run-to-run spread.
 //   harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS [NAME FIRST_ROW ROWS]...
 //       decodes the given rows of each named tensor with ggml's own
 //       to_float (its type traits) and writes: magic "KVQDEQNT", uint32
@@ -24,6 +27,16 @@
 //       writes "KVQQUANT", int64 row bytes, the ROWS rows of blocks, then
 //       their ROWS*COLS f32 values decoded by ggml's to_float: a test of
 //       every type, including those no shipped model uses.
+//   harness dump MODEL.gguf OUT.bin [--threads N] [--f16-cache] [--fa-off] [--names a,b,...]
+//       TOKEN...
+//       runs the tokens as one batch (f32 KV cache unless --f16-cache) and
+//       writes every named intermediate tensor of the graph that is f32 and
+//       contiguous (llama.cpp's eval callback; names such as attn_norm-3,
+//       Vcur-3, kqv_out-3, ffn_out-3, l_out-3, result_norm, result_output),
+//       or only those listed in --names: magic "KVQDUMP1", uint32 count, then
+//       per tensor uint32 name length, the name, int64 ne[4] (ggml order,
+//       ne[0] fastest) and the f32 values. A layer-by-layer bisect against
+//       kvq's own intermediates (tools/llamacpp/compare_intermediates.py).
 //   harness vecdot [ROWS COLS]
 //       ggml's CPU matrix-vector speed per weight type on a random matrix
 //       (default 576 x 1536) small enough to stay in L2: x quantized to the
@@ -52,13 +65,17 @@ void QuietLog(ggml_log_level level, const char* text, void*) {
 }
 
 int Usage() {
-  std::fprintf(stderr,
-               "usage: harness load MODEL.gguf\n"
-               "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] TOKEN...\n"
-               "       harness greedy MODEL.gguf N [--threads N] TOKEN...\n"
-               "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n"
-               "       harness quantize TYPE_ID ROWS COLS OUT.bin\n"
-               "       harness vecdot [ROWS COLS]\n");
+  std::fprintf(
+      stderr,
+      "usage: harness load MODEL.gguf\n"
+      "       harness logits MODEL.gguf OUT.bin [--decode] [--threads N] [--fa-off] "
+      "TOKEN...\n"
+      "       harness greedy MODEL.gguf N [--threads N] [--fa-off] TOKEN...\n"
+      "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n"
+      "       harness quantize TYPE_ID ROWS COLS OUT.bin\n"
+      "       harness dump MODEL.gguf OUT.bin [--threads N] [--f16-cache] [--fa-off] [--names a,b] "
+      "TOKEN...\n"
+      "       harness vecdot [ROWS COLS]\n");
   return 2;
 }
 
@@ -85,11 +102,14 @@ int Logits(int argc, char** argv) {
   const char* model_path = argv[2];
   const char* out_path = argv[3];
   bool decode_one_by_one = false;
+  bool fa_off = false;
   int threads = 2;
   std::vector<llama_token> tokens;
   for (int i = 4; i < argc; ++i) {
     if (std::strcmp(argv[i], "--decode") == 0) {
       decode_one_by_one = true;
+    } else if (std::strcmp(argv[i], "--fa-off") == 0) {
+      fa_off = true;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else {
@@ -108,6 +128,7 @@ int Logits(int argc, char** argv) {
   cparams.n_ubatch = cparams.n_ctx;
   cparams.n_threads = threads;
   cparams.n_threads_batch = threads;
+  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   // f32 cache: the comparison is about the forward pass, not cache rounding.
   cparams.type_k = GGML_TYPE_F32;
   cparams.type_v = GGML_TYPE_F32;
@@ -178,9 +199,12 @@ int Greedy(int argc, char** argv) {
   const char* model_path = argv[2];
   const int n_generate = std::atoi(argv[3]);
   int threads = 2;
+  bool fa_off = false;
   std::vector<llama_token> tokens;
   for (int i = 4; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+    if (std::strcmp(argv[i], "--fa-off") == 0) {
+      fa_off = true;
+    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else {
       tokens.push_back(static_cast<llama_token>(std::atoi(argv[i])));
@@ -197,6 +221,7 @@ int Greedy(int argc, char** argv) {
   cparams.n_ubatch = cparams.n_ctx;
   cparams.n_threads = threads;
   cparams.n_threads_batch = threads;
+  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, cparams);
   if (ctx == nullptr) {
     std::fprintf(stderr, "harness: cannot create context\n");
@@ -352,6 +377,113 @@ int Quantize(int argc, char** argv) {
   return std::fclose(f) == 0 ? 0 : 1;
 }
 
+// What the eval callback collects: the tensors asked for (all when empty),
+// in graph order, as raw f32 with their shape.
+struct DumpState {
+  std::vector<std::string> names;
+  std::string blob;
+  uint32_t count = 0;
+};
+
+bool Wanted(const DumpState& d, const char* name) {
+  if (d.names.empty()) return name[0] != '\0';
+  return std::find(d.names.begin(), d.names.end(), name) != d.names.end();
+}
+
+bool DumpCallback(ggml_tensor* t, bool ask, void* user) {
+  auto* d = static_cast<DumpState*>(user);
+  const bool want = t->type == GGML_TYPE_F32 && ggml_is_contiguous(t) && Wanted(*d, t->name);
+  if (ask) return want;
+  if (!want) return true;
+  const uint32_t len = static_cast<uint32_t>(std::strlen(t->name));
+  d->blob.append(reinterpret_cast<const char*>(&len), sizeof(len));
+  d->blob.append(t->name, len);
+  for (int i = 0; i < 4; ++i) {
+    const int64_t ne = t->ne[i];
+    d->blob.append(reinterpret_cast<const char*>(&ne), sizeof(ne));
+  }
+  const size_t bytes = ggml_nbytes(t);
+  const size_t at = d->blob.size();
+  d->blob.resize(at + bytes);
+  ggml_backend_tensor_get(t, &d->blob[at], 0, bytes);
+  ++d->count;
+  return true;
+}
+
+int Dump(int argc, char** argv) {
+  if (argc < 5) return Usage();
+  const char* model_path = argv[2];
+  const char* out_path = argv[3];
+  int threads = 2;
+  bool f16_cache = false;
+  bool fa_off = false;
+  DumpState state;
+  std::vector<llama_token> tokens;
+  for (int i = 4; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--f16-cache") == 0) {
+      f16_cache = true;
+    } else if (std::strcmp(argv[i], "--fa-off") == 0) {
+      fa_off = true;
+    } else if (std::strcmp(argv[i], "--names") == 0 && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) state.names.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    } else {
+      tokens.push_back(static_cast<llama_token>(std::atoi(argv[i])));
+    }
+  }
+  if (tokens.empty()) return Usage();
+  llama_model* model = LoadModel(model_path);
+  if (model == nullptr) return 1;
+  const int n_tokens = static_cast<int>(tokens.size());
+  llama_context_params cparams = llama_context_default_params();
+  cparams.n_ctx = static_cast<uint32_t>(n_tokens < 64 ? 64 : n_tokens);
+  cparams.n_batch = cparams.n_ctx;
+  cparams.n_ubatch = cparams.n_ctx;
+  cparams.n_threads = threads;
+  cparams.n_threads_batch = threads;
+  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cparams.type_k = f16_cache ? GGML_TYPE_F16 : GGML_TYPE_F32;
+  cparams.type_v = cparams.type_k;
+  cparams.cb_eval = DumpCallback;
+  cparams.cb_eval_user_data = &state;
+  llama_context* ctx = llama_init_from_model(model, cparams);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "harness: cannot create context\n");
+    llama_model_free(model);
+    return 1;
+  }
+  llama_batch batch = llama_batch_init(n_tokens, 0, 1);
+  batch.n_tokens = n_tokens;
+  for (int j = 0; j < n_tokens; ++j) {
+    batch.token[j] = tokens[j];
+    batch.pos[j] = j;
+    batch.n_seq_id[j] = 1;
+    batch.seq_id[j][0] = 0;
+    batch.logits[j] = 1;
+  }
+  const int status = llama_decode(ctx, batch) != 0 ? 1 : 0;
+  if (status != 0) std::fprintf(stderr, "harness: llama_decode failed\n");
+  llama_batch_free(batch);
+  llama_free(ctx);
+  llama_model_free(model);
+  if (status != 0) return status;
+  FILE* out = std::fopen(out_path, "wb");
+  if (out == nullptr) {
+    std::fprintf(stderr, "harness: cannot write %s\n", out_path);
+    return 1;
+  }
+  std::fwrite("KVQDUMP1", 1, 8, out);
+  std::fwrite(&state.count, sizeof(state.count), 1, out);
+  std::fwrite(state.blob.data(), 1, state.blob.size(), out);
+  return std::fclose(out) == 0 ? 0 : 1;
+}
+
 double ThreadCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -420,6 +552,8 @@ int main(int argc, char** argv) {
     rc = Dequant(argc, argv);
   } else if (std::strcmp(argv[1], "quantize") == 0) {
     rc = Quantize(argc, argv);
+  } else if (std::strcmp(argv[1], "dump") == 0) {
+    rc = Dump(argc, argv);
   } else if (std::strcmp(argv[1], "vecdot") == 0) {
     rc = VecDot(argc, argv);
   } else {

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "engine/loaded_model.h"
-#include "engine/perplexity.h"
+#include "eval/perplexity.h"
 #include "io/gguf.h"
 #include "kv/dense_cache.h"
 #include "model/transformer.h"

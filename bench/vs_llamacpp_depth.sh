@@ -7,8 +7,11 @@
 # Also prints each decode figure as a fraction of its bandwidth floor:
 # (weight bytes + KV bytes read per token) / read bandwidth of a probe run here.
 #
-#   bench/vs_llamacpp_depth.sh [THREADS] [REPETITIONS] [DEPTHS] [PROMPT] [GEN]
-# Defaults: 2 threads, 2 repetitions, depths 4096,16384, pp512, tg32.
+#   bench/vs_llamacpp_depth.sh [THREADS] [REPETITIONS] [DEPTHS] [PROMPT] [GEN] [MODEL] [PAIRS]
+# Defaults: 2 threads, 2 repetitions, depths 4096,16384, pp512, tg32, the
+# synthetic model, pairs f16:f16,int8:q8_0,int4:q4_0 (kvq:llama.cpp). A real
+# model: e.g. `bench/vs_llamacpp_depth.sh 2 3 0,4096 512 128
+# .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf f16:f16` (issue 16's table).
 # Needs: make build. Slow: each test refills DEPTH tokens first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +22,12 @@ prompt=${4:-512}
 gen=${5:-32}
 kvq=build/bin/kvq
 llama_bin=$(scripts/build_llama_cpp.sh llama llama-bench | tail -n 1)
-model=build/bench/qwen2.5-0.5b-f16.gguf
-out=build/bench/depth
+synthetic=build/bench/qwen2.5-0.5b-f16.gguf
+model=${6:-$synthetic}
+pairs=${7:-f16:f16,int8:q8_0,int4:q4_0}
+out=build/bench/depth/$(basename "$model" .gguf)
 mkdir -p "$out"
-if [ ! -f "$model" ]; then
+if [ "$model" = "$synthetic" ] && [ ! -f "$model" ]; then
   "$kvq" synth --preset qwen2.5-0.5b --vocab .deps/llama.cpp/models/ggml-vocab-qwen2.gguf \
     --dtype f16 --seed 1 -o "$model"
 fi
@@ -33,8 +38,8 @@ text = sys.stdin.read()
 bench = json.loads(text[text.index("{"):])["benchmarks"][0]
 print(bench["bytes_per_second"] / 1e9)')
 echo "read probe, $threads threads: $probe GB/s"
-for pair in "f16 f16" "int8 q8_0" "int4 q4_0"; do
-  set -- $pair
+for pair in ${pairs//,/ }; do
+  set -- ${pair/:/ }
   echo "== llama.cpp -ctk $2 -ctv $2 -d $depths"
   "$llama_bin/llama-bench" -m "$model" -t "$threads" -fa 1 -ctk "$2" -ctv "$2" -d "$depths" \
     -p "$prompt" -n "$gen" -r "$reps" -o json > "$out/llama_$2.json"
@@ -43,10 +48,11 @@ for pair in "f16 f16" "int8 q8_0" "int4 q4_0"; do
     -n "$gen" -r "$reps" > "$out/kvq_$1.md"
   "$kvq" plan -m "$model" --kv-cache-dtype "$1" --json > "$out/plan_$1.json"
 done
-/usr/bin/python3 - "$out" "$probe" "$model" <<'PY'
+/usr/bin/python3 - "$out" "$probe" "$model" "$pairs" <<'PY'
 import json, os, re, sys
 out, probe, model = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-pairs = [("f16", "f16"), ("int8", "q8_0"), ("int4", "q4_0")]
+pairs = [tuple(p.split(":")) for p in sys.argv[4].split(",")]
+print(f"\nmodel: {model}")
 print("\n| kvq KV | llama.cpp KV | test | llama.cpp t/s | kvq t/s | kvq / llama.cpp | kvq floor t/s | kvq / floor |")
 print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
 for ours, theirs in pairs:

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Writes the generated blocks of docs/findings.md from the study JSONs that ship.
+
+docs/findings.md mixes prose with blocks the prose may not edit by hand:
+
+    <!-- generated: e2e SmolLM2-135M-Instruct.Q4_1 -->
+    ...tables made from docs/study/SmolLM2-135M-Instruct.Q4_1/study.json...
+    <!-- end generated -->
+
+Block kinds: `run M`, `structure M`, `claims M`, `e2e M` (one model's study),
+and `compare` (every shipped model side by side). `--write` fills the blocks
+in place; `--check` (a ctest) fails when a block differs from what the JSON
+gives, or when the prose quotes a decimal number (3.14, 2.5x, 96.3%) that no
+generated block of the file contains, so a figure cannot go stale silently.
+Usage: render_findings.py --write|--check FINDINGS.md STUDY_DIR | --self-test STUDY_DIR
+"""
+import json
+import math
+import pathlib
+import re
+import statistics
+import sys
+
+BLOCK = re.compile(r"(<!-- generated: ([a-z0-9_-]+)(?: ([^ ]+))? -->\n)(.*?)(<!-- end generated -->)",
+                   re.S)
+# A figure: 3.14, 2.5x, 96.3%; not a name such as 1.5B or Qwen2.5.
+DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\dA-Za-wyz])")
+
+
+def fmt(x, digits=3):
+    """Three significant digits, plain notation down to 1e-3, else scientific."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    if abs(x) < 1e-3:
+        return f"{x:.2e}"
+    return f"{x:.{max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))}f}"
+
+
+def pct(x):
+    return f"{100 * x:.1f}%"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def head_ratio(channel_means):
+    """Largest channel's mean |x| over the head's median channel."""
+    med = statistics.median(channel_means)
+    return max(channel_means) / med if med > 0 else float("inf")
+
+
+def render_run(study):
+    m, t = study["model"], study["text"]
+    rows = [["model file", pathlib.Path(m["path"]).name],
+            ["architecture", m["architecture"]],
+            ["parameters", f"{m['parameters']:,}"],
+            ["layers / heads / KV heads / head_dim",
+             f"{m['layers']} / {m['heads']} / {m['kv_heads']} / {m['head_dim']}"],
+            ["context", m["context"]],
+            ["perplexity windows", f"{t['perplexity_windows']} x {t['perplexity_context']} tokens"],
+            ["capture", f"{study['outliers']['capture_tokens']} tokens"],
+            ["schemes", len(study["schemes"])],
+            ["run time", f"{study['timings_seconds']['total']:.0f} s"],
+            ["made", study["created_utc"]]]
+    # The binary's own path is the machine's; show it as a user types it.
+    command = re.sub(r"^\S*/kvq ", "kvq ", study["command"])
+    return table(["", ""], rows) + "\nCommand:\n\n```sh\n" + command + "\n```\n"
+
+
+def render_structure(study):
+    out = study["outliers"]
+    bias = out["k_bias"]
+    rows = []
+    for layer in out["layers"]:
+        i = layer["layer"]
+        pre = [head_ratio(h) for h in layer["k_pre_rope_channel_mean_abs"]]
+        post = [head_ratio(h) for h in layer["k_post_rope_channel_mean_abs"]]
+        val = [head_ratio(h) for h in layer["v_channel_mean_abs"]]
+        n_pre = sum(len(c) for c in layer["k_pre_rope_outlier_channels"])
+        n_post = sum(len(c) for c in layer["k_post_rope_outlier_channels"])
+        ratio = bias["ratio_to_median"][i] if bias["ratio_to_median"] else None
+        rows.append([i, f"{fmt(max(pre))}x ({n_pre})", f"{fmt(max(post))}x ({n_post})",
+                     f"{fmt(max(val))}x", fmt(ratio) + ("x" if ratio is not None else ""),
+                     pct(layer["sink_mass"]), len(layer["sinks"])])
+    text = table(["layer", "K pre-RoPE: top/median (outlier channels)", "K post-RoPE",
+                  "V top/median", "k_proj bias / median layer", "token-0 mass", "sinks"], rows)
+    spikes = ", ".join(str(s) for s in bias["spike_layers"]) or "none"
+    text += (f"\nOutlier rule: {out['outlier_rule']}. Bias spike rule: {bias['spike_rule']}; "
+             f"spike layers: {spikes}. Sink rule: {out['sink_detection_rule']}.\n")
+    return text
+
+
+def render_claims(study):
+    rows = []
+    for c in study["fake_quant"]["claims"]:
+        reported = fmt(c["reported_ratio"]) + "x" if c.get("reported_ratio") else ""
+        rows.append([c["id"], c["family"], c["bits"], c["metric"], fmt(c["baseline_value"]),
+                     fmt(c["value"]), fmt(c["ratio"]) + "x", reported,
+                     "holds" if c["holds"] else "**fails**"])
+    return table(["claim", "quantizers", "bits", "metric", "worse row", "better row", "ratio",
+                  "write-up's ratio", "verdict"], rows)
+
+
+def recall_cell(scheme):
+    cells = scheme.get("recall") or []
+    if not cells:
+        return ""
+    return f"{sum(c['correct'] for c in cells)}/{sum(c['trials'] for c in cells)}"
+
+
+def render_e2e(study):
+    base = next(s for s in study["schemes"] if s["baseline"])
+    rows = []
+    for s in study["schemes"]:
+        dppl = (s["ppl"] / base["ppl"] - 1) if base["ppl"] else float("nan")
+        rows.append([f"`{s['name']}`", fmt(s["bits_per_value"]), fmt(s["compression_vs_f16"]) + "x",
+                     fmt(s["ppl"], 4), f"{100 * dppl:+.2f}%", fmt(s["kl_mean"]), fmt(s["kl_p99"]),
+                     pct(s["top1_agreement"]), recall_cell(s)])
+    return table(["scheme", "bits/value", "vs f16", "PPL", "PPL vs f16", "KL mean", "KL p99",
+                  "same top-1", "passkey"], rows)
+
+
+def render_compare(studies):
+    names = list(studies)
+    order = []
+    for study in studies.values():
+        for s in study["schemes"]:
+            if s["name"] not in order:
+                order.append(s["name"])
+    rows = []
+    for scheme in order:
+        row = [f"`{scheme}`"]
+        for n in names:
+            s = next((x for x in studies[n]["schemes"] if x["name"] == scheme), None)
+            row.append(f"{fmt(s['kl_mean'])} / {pct(s['top1_agreement'])}" if s else "")
+        rows.append(row)
+    return table(["scheme"] + [f"{n}: KL / top-1" for n in names], rows)
+
+
+RENDERERS = {"run": render_run, "structure": render_structure, "claims": render_claims,
+             "e2e": render_e2e}
+
+
+def load_studies(study_dir):
+    studies = {}
+    for path in sorted(pathlib.Path(study_dir).glob("*/study.json")):
+        studies[path.parent.name] = json.loads(path.read_text())
+    return studies
+
+
+def render(doc, studies):
+    """The document with every block filled; raises on an unknown kind or model."""
+    def fill(m):
+        kind, model = m.group(2), m.group(3)
+        if kind == "compare":
+            body = render_compare(studies)
+        elif kind in RENDERERS:
+            if model not in studies:
+                raise KeyError(f"block '{kind} {model}': no {model}/study.json")
+            body = RENDERERS[kind](studies[model])
+        else:
+            raise KeyError(f"unknown block kind '{kind}'")
+        return m.group(1) + body + m.group(5)
+    return BLOCK.sub(fill, doc)
+
+
+def prose_numbers_missing(doc):
+    """Decimal numbers in the prose (outside generated blocks and code) that no block holds."""
+    generated = "".join(m.group(4) for m in BLOCK.finditer(doc))
+    prose = BLOCK.sub("", doc)
+    prose = re.sub(r"```.*?```", "", prose, flags=re.S)
+    prose = re.sub(r"`[^`]*`", "", prose)
+    have = set(DECIMAL.findall(generated))
+    return sorted({n for n in DECIMAL.findall(prose) if n not in have})
+
+
+def self_test(study_dir):
+    """--check must fail on a stale block and on a prose figure no block holds."""
+    import tempfile
+    studies = load_studies(study_dir)
+    model = next(iter(studies))
+    good = render(f"<!-- generated: e2e {model} -->\n<!-- end generated -->\n", studies)
+    cases = {"fresh": (good, 0), "stale": (good.replace("|", "| 0.123 |", 3), 1),
+             "unbacked figure": (good + "The KL is 98.765.\n", 1)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (doc, want) in cases.items():
+            path = pathlib.Path(tmp) / "doc.md"
+            path.write_text(doc)
+            if (main(["", "--check", str(path), study_dir]) != 0) != bool(want):
+                print(f"self-test: the {name} document was {'accepted' if want else 'rejected'}")
+                return 1
+    print("self-test: ok")
+    return 0
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "--self-test":
+        return self_test(argv[2])
+    if len(argv) != 4 or argv[1] not in ("--write", "--check"):
+        print(__doc__)
+        return 2
+    path, studies = pathlib.Path(argv[2]), load_studies(argv[3])
+    if not studies:
+        print(f"no */study.json under {argv[3]}")
+        return 1
+    doc = path.read_text()
+    try:
+        new = render(doc, studies)
+    except KeyError as e:
+        print(f"{path}: {e.args[0]}")
+        return 1
+    missing = prose_numbers_missing(new)
+    if argv[1] == "--write":
+        path.write_text(new)
+    elif new != doc:
+        print(f"{path}: generated blocks differ from the study JSON; run "
+              f"scripts/render_findings.py --write {argv[2]} {argv[3]}")
+        return 1
+    if missing:
+        print(f"{path}: the prose quotes numbers no generated block holds: {', '.join(missing)}")
+        return 1
+    print(f"{path}: {len(BLOCK.findall(new))} generated blocks match {len(studies)} studies")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

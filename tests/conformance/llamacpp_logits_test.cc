@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/harness_logits.h"
 #include "engine/loaded_model.h"
 #include "kv/dense_cache.h"
 #include "model/synth.h"
@@ -22,11 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Logits {
-  int64_t positions = 0, vocab = 0;
-  std::vector<float> values;  // [positions, vocab]
-};
-
 // Runs the harness; returns false (with a gtest failure) when it fails.
 bool RunHarness(const std::string& model, const std::vector<int32_t>& tokens, bool decode,
                 Logits* out) {
@@ -34,46 +30,7 @@ bool RunHarness(const std::string& model, const std::vector<int32_t>& tokens, bo
   std::string cmd = std::string(KVQ_LLAMACPP_HARNESS) + " logits '" + model + "' '" + out_path +
                     "'" + (decode ? " --decode" : "") + " --threads 2";
   for (int32_t t : tokens) cmd += " " + std::to_string(t);
-  if (std::system((cmd + " 2>" + out_path + ".log").c_str()) != 0) {
-    ADD_FAILURE() << "harness failed: " << cmd;
-    return false;
-  }
-  std::ifstream in(out_path, std::ios::binary);
-  char magic[8];
-  uint32_t header[2];
-  in.read(magic, 8);
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  if (!in || std::memcmp(magic, "KVQLOGIT", 8) != 0) {
-    ADD_FAILURE() << "bad harness output " << out_path;
-    return false;
-  }
-  out->positions = header[0];
-  out->vocab = header[1];
-  out->values.resize(static_cast<size_t>(out->positions * out->vocab));
-  in.read(reinterpret_cast<char*>(out->values.data()), out->values.size() * sizeof(float));
-  fs::remove(out_path);
-  return static_cast<bool>(in);
-}
-
-Logits RunKvq(LoadedModel& model, const std::vector<int32_t>& tokens, bool decode) {
-  Transformer& t = *model.transformer;
-  auto cache = MakeDenseKvCache(t.kv_shape(), DenseKvType::kF32, 4096);
-  EXPECT_TRUE(cache->AddSequence(0).ok());
-  Logits out;
-  out.vocab = t.config().vocab_size;
-  std::vector<float> step;
-  if (decode) {
-    for (int32_t token : tokens) {
-      Status s = t.Forward({{0, {token}, false}}, *cache, &step);
-      EXPECT_TRUE(s.ok()) << s.message();
-      out.values.insert(out.values.end(), step.begin(), step.end());
-    }
-  } else {
-    Status s = t.Forward({{0, tokens, true}}, *cache, &out.values);
-    EXPECT_TRUE(s.ok()) << s.message();
-  }
-  out.positions = static_cast<int64_t>(tokens.size());
-  return out;
+  return RunHarnessLogits(cmd, out_path, out);
 }
 
 struct Agreement {
@@ -164,7 +121,7 @@ TEST_P(LlamaCppLogits, PrefillAndDecodeMatch) {
                                       << length << (decode ? " decode" : " prefill"));
       Logits ref;
       ASSERT_TRUE(RunHarness(model_path, tokens, decode, &ref));
-      const Logits ours = RunKvq(*model, tokens, decode);
+      const Logits ours = RunKvqLogits(*model, tokens, decode);
       ASSERT_EQ(ref.vocab, ours.vocab);
       const Agreement a = Compare(ours, ref);
       std::printf("%-16s %-5s len %3lld %-7s NMSE %.3e top-1 %.4f\n", c.preset, DTypeName(c.dtype),

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/harness_logits.h"
 #include "engine/loaded_model.h"
 #include "eval/perplexity.h"
 #include "io/gguf.h"
@@ -63,57 +64,13 @@ Status WriteF32Copy(const GgufFile& src, const std::string& path) {
   return w.Write(path);
 }
 
-struct Logits {
-  int64_t positions = 0, vocab = 0;
-  std::vector<float> values;  // [positions, vocab]
-};
-
 bool RunHarness(const std::string& model, const std::vector<int32_t>& tokens, bool decode,
                 Logits* out) {
   const std::string out_path = model + ".logits.bin";
   std::string cmd = std::string(KVQ_LLAMACPP_HARNESS) + " logits '" + model + "' '" + out_path +
                     "' --threads 2 --fa-off" + (decode ? " --decode" : "");
   for (int32_t t : tokens) cmd += " " + std::to_string(t);
-  if (std::system((cmd + " 2>'" + out_path + ".log'").c_str()) != 0) {
-    ADD_FAILURE() << "harness failed: see " << out_path << ".log";
-    return false;
-  }
-  std::ifstream in(out_path, std::ios::binary);
-  char magic[8];
-  uint32_t header[2];
-  in.read(magic, 8);
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  if (!in || std::memcmp(magic, "KVQLOGIT", 8) != 0) {
-    ADD_FAILURE() << "bad harness output " << out_path;
-    return false;
-  }
-  out->positions = header[0];
-  out->vocab = header[1];
-  out->values.resize(static_cast<size_t>(out->positions * out->vocab));
-  in.read(reinterpret_cast<char*>(out->values.data()), out->values.size() * sizeof(float));
-  fs::remove(out_path);
-  return static_cast<bool>(in);
-}
-
-Logits RunKvq(LoadedModel& model, const std::vector<int32_t>& tokens, bool decode) {
-  Transformer& t = *model.transformer;
-  auto cache = MakeDenseKvCache(t.kv_shape(), DenseKvType::kF32, 4096);
-  EXPECT_TRUE(cache->AddSequence(0).ok());
-  Logits out;
-  out.vocab = t.config().vocab_size;
-  out.positions = static_cast<int64_t>(tokens.size());
-  std::vector<float> step;
-  if (decode) {
-    for (int32_t token : tokens) {
-      Status s = t.Forward({{0, {token}, false}}, *cache, &step);
-      EXPECT_TRUE(s.ok()) << s.message();
-      out.values.insert(out.values.end(), step.begin(), step.end());
-    }
-  } else {
-    Status s = t.Forward({{0, tokens, true}}, *cache, &out.values);
-    EXPECT_TRUE(s.ok()) << s.message();
-  }
-  return out;
+  return RunHarnessLogits(cmd, out_path, out);
 }
 
 struct Agreement {
@@ -177,7 +134,7 @@ TEST(RealF32, DequantizedSmolLM2MatchesLlamaCpp) {
     const std::vector<int32_t> run(tokens.begin(), tokens.begin() + (decode ? 64 : 512));
     Logits ref;
     ASSERT_TRUE(RunHarness(f32_path, run, decode, &ref));
-    const Logits ours = RunKvq(*model, run, decode);
+    const Logits ours = RunKvqLogits(*model, run, decode);
     ASSERT_EQ(ref.vocab, ours.vocab);
     ASSERT_EQ(ref.positions, ours.positions);
     const Agreement a = Compare(ref, ours);

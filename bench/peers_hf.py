@@ -207,6 +207,23 @@ def main():
     stats = {c: Stats() for c in caches}
     vs_kvq, vs_llama = Stats(), Stats()
     storage, seconds = {}, {c: 0.0 for c in caches}
+    def write(done):
+        """The result so far (rewritten after every window)."""
+        result = dict(
+            windows=done, n_ctx=base["n_ctx"], first_scored_row=first, add_bos=add_bos,
+            q_group_size=args.q_group_size, residual_length=args.residual_length, threads=args.threads,
+            model_dtype="float32", load_seconds=load_s, seconds=seconds,
+            versions=dict(python=platform.python_version(), torch=torch.__version__,
+                          transformers=transformers.__version__, optimum_quanto=optimum.quanto.__version__,
+                          gguf=getattr(gguf, "__version__", "0.19.0")),
+            caches={c: stats[c].summary() for c in caches}, storage=storage,
+            check_vs_llama_f16=vs_llama.summary() if ref is not None else None,
+            check_vs_kvq_f16=vs_kvq.summary() if (ref is not None and kvq is not None) else None,
+            command=" ".join([os.path.relpath(sys.executable)] + sys.argv))
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=1, sort_keys=True)
+        return result
+
     for w in range(n_windows):
         toks = base["tokens"][w].copy()
         if add_bos:
@@ -220,6 +237,7 @@ def main():
             t = time.time()
             lps[c], cache = run_window(model, ids, first, c, args, torch)
             seconds[c] += time.time() - t
+            print(f"hf: window {w + 1}/{n_windows}, {c}: {time.time() - t:.0f} s", flush=True)
             if c != "dynamic":
                 storage[c] = cache_storage(cache)
         ref = lps.get("dynamic")
@@ -241,19 +259,7 @@ def main():
         print(f"hf: window {w + 1}/{n_windows} done ({', '.join(f'{c} {seconds[c]:.0f}s' for c in caches)})",
               flush=True)
 
-    result = dict(
-        windows=n_windows, n_ctx=base["n_ctx"], first_scored_row=first, add_bos=add_bos,
-        q_group_size=args.q_group_size, residual_length=args.residual_length, threads=args.threads,
-        model_dtype="float32", load_seconds=load_s, seconds=seconds,
-        versions=dict(python=platform.python_version(), torch=torch.__version__,
-                      transformers=transformers.__version__, optimum_quanto=optimum.quanto.__version__,
-                      gguf=getattr(gguf, "__version__", "0.19.0")),
-        caches={c: stats[c].summary() for c in caches}, storage=storage,
-        check_vs_llama_f16=vs_llama.summary() if ref is not None else None,
-        check_vs_kvq_f16=vs_kvq.summary() if (ref is not None and kvq is not None) else None,
-        command=" ".join([os.path.relpath(sys.executable)] + sys.argv))
-    with open(args.output, "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
+        result = write(w + 1)
     print(json.dumps(result["caches"], indent=1))
 
 

@@ -99,7 +99,8 @@ def hf_rows(hf, shape):
         if name not in hf["caches"]:
             continue
         c = hf["caches"][name]
-        row = dict(engine="transformers", windows=hf["windows"], ppl=c["ppl"], ppl_err=c["ppl_err"])
+        row = dict(engine="transformers", id="hf_" + name, windows=hf["windows"], ppl=c["ppl"],
+                   ppl_err=c["ppl_err"])
         if name == "dynamic":
             row.update(cache="DynamicCache (f32)", bits_per_value=32.0, bytes_per_token=values * 4.0,
                        bytes_per_token_ctx=values * 4.0)
@@ -160,10 +161,12 @@ def collect(a):
         rows.append(r)
     hf = None
     hf_path = os.path.join(work, "hf.json")
-    if "hf" in cmds and os.path.exists(hf_path):
+    if os.path.exists(hf_path):
+        # Its own record of the command: hf.json is rewritten after every
+        # window, so a run stopped early still says what it covered.
         hf = json.load(open(hf_path))
         for r in hf_rows(hf, shape):
-            r.update(command=cmds["hf"], id="hf_" + r["cache"].split()[0])
+            r["command"] = hf["command"]
             rows.append(r)
     calib = cmds.get("kvq_calibrate")
     doc = dict(
@@ -251,6 +254,13 @@ def render(path):
                      f"{r['bytes_per_token']:.0f} | {r['bytes_per_token_ctx']:.0f} | "
                      f"{r['windows']} | {r['ppl']:.4f} ± {r['ppl_err']:.4f} | {kl} | "
                      f"{fmt_kl(r.get('p99_kl'))} | {top1} | `{short(r['command'])}` |")
+    fewer = sorted({r["windows"] for r in rows if r["windows"] != d["chunks"]})
+    if fewer:
+        names = sorted({r["engine"] for r in rows if r["windows"] != d["chunks"]})
+        lines += ["", f"Windows differ: {', '.join(names)} rows cover the first "
+                  f"{' / '.join(map(str, fewer))} of the {d['chunks']} windows the other rows use "
+                  "(token-by-token decoding is slow), so their KL is noisier and not measured "
+                  "on the same positions; compare their order of magnitude, not the last digit."]
     lines += ["", "**Cross-checks between the engines' f16 runs.**", ""]
     kf = next((r for r in rows if r["id"] == "kvq_f16"), None)
     if kf and "cross_check_vs_llama_f16" in kf:
@@ -262,7 +272,7 @@ def render(path):
             c = d["hf"].get(key)
             if c:
                 lines.append(f"- transformers f32 (weights dequantized from the GGUF) vs {who} f16, "
-                             f"{d['hf']['windows']} windows: mean KL {fmt_kl(c['mean_kl'])}, "
+                             f"{d['hf']['windows']} window(s): mean KL {fmt_kl(c['mean_kl'])}, "
                              f"p99 {fmt_kl(c['p99_kl'])}, same top-1 {c['same_top1_pct']:.2f} %, "
                              f"PPL {c['ppl']:.4f}.")
         v = d["hf"]["versions"]

@@ -46,7 +46,7 @@ conformance-real: test
 
 # The peers' KV caches (llama.cpp types with/without rotation, transformers'
 # QuantizedCache) beside kvq's schemes on the default real model, into
-# docs/peers/ (bench/quality_peers.sh; ~20 min on 2 cores). Not part of test.
+# docs/peers/ (bench/quality_peers.sh; 30-60 min on 2 shared cores). Not part of test.
 PEERS_MODEL ?= SmolLM2-135M-Instruct.Q4_1
 PEERS_CHUNKS ?= 8
 peers: build llama-cpp

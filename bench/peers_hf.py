@@ -135,7 +135,10 @@ def cache_storage(cache):
         for q in (layer._quantized_keys, layer._quantized_values):
             if q is None:
                 continue
-            data += q._data.numel() * q._data.element_size()
+            # A PackedTensor reports the unpacked shape; its _data is the
+            # packed uint8 storage (2 or 4 codes per byte).
+            packed = getattr(q._data, "_data", q._data)
+            data += packed.numel() * packed.element_size()
             meta += q._scale.numel() * q._scale.element_size()
             meta += q._shift.numel() * q._shift.element_size()
             tokens += q.shape[-2]

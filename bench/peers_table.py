@@ -184,7 +184,7 @@ def collect(a):
 
 
 def fmt_kl(v):
-    return "—" if v is None else f"{v:.4g}" if v >= 1e-3 else f"{v:.2e}"
+    return "—" if v is None else f"{v:.4g}" if abs(v) >= 1e-3 else f"{v:.2e}"
 
 
 def verdicts(rows):
@@ -261,6 +261,12 @@ def render(path):
                   f"{' / '.join(map(str, fewer))} of the {d['chunks']} windows the other rows use "
                   "(token-by-token decoding is slow), so their KL is noisier and not measured "
                   "on the same positions; compare their order of magnitude, not the last digit."]
+    hf_cmd = next((r["command"] for r in rows if r["engine"] == "transformers"), "")
+    asked = re.search(r"--windows (\d+)", hf_cmd)
+    if d["hf"] and asked and 0 < d["hf"]["windows"] < int(asked.group(1)):
+        lines += ["", f"The transformers run was stopped after {d['hf']['windows']} of the "
+                  f"{asked.group(1)} windows its command asks for (hf.json is rewritten after "
+                  "every window, so its rows are the windows that completed)."]
     lines += ["", "**Cross-checks between the engines' f16 runs.**", ""]
     kf = next((r for r in rows if r["id"] == "kvq_f16"), None)
     if kf and "cross_check_vs_llama_f16" in kf:
@@ -271,8 +277,10 @@ def render(path):
         for key, who in (("check_vs_llama_f16", "llama.cpp"), ("check_vs_kvq_f16", "kvq")):
             c = d["hf"].get(key)
             if c:
+                tiny = (" (below the ~1e-5 nats resolution of the 16-bit stored log-probs, "
+                        "hence the sign: the two runs agree)") if abs(c["mean_kl"]) < 1e-4 else ""
                 lines.append(f"- transformers f32 (weights dequantized from the GGUF) vs {who} f16, "
-                             f"{d['hf']['windows']} window(s): mean KL {fmt_kl(c['mean_kl'])}, "
+                             f"{d['hf']['windows']} window(s): mean KL {fmt_kl(c['mean_kl'])}{tiny}, "
                              f"p99 {fmt_kl(c['p99_kl'])}, same top-1 {c['same_top1_pct']:.2f} %, "
                              f"PPL {c['ppl']:.4f}.")
         v = d["hf"]["versions"]

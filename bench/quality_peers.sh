@@ -10,8 +10,10 @@
 #
 # Writes OUT_DIR/peers.json (every figure, command and check) and
 # OUT_DIR/peers.md (the table, rendered from peers.json by bench/peers_table.py),
-# logs under OUT_DIR/logs/. CHUNKS = 512-token windows (default 8: the whole
-# run on SmolLM2-135M takes ~20 minutes on 2 quiet cores). Settings from the
+# logs under OUT_DIR/logs/. CHUNKS = 512-token windows (default 8). Measured
+# on SmolLM2-135M on the shared 2-core machine: each llama.cpp or kvq row
+# 1-4 minutes (by load), the transformers rows 15 minutes (token by token), so
+# 30-60 minutes in all; PHASES runs parts side by side. Settings from the
 # environment: KVQ (default build/bin/kvq), LLAMA_BIN (the llama.cpp bin/ with
 # llama-perplexity; default: scripts/build_llama_cpp.sh's), THREADS (2),
 # HF_WINDOWS (windows for the transformers rows, default CHUNKS: they decode

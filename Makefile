@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 TEST_ENV = OMP_WAIT_POLICY=PASSIVE
 
 .PHONY: all setup build llama-cpp test test-unit test-sanitize fuzz check demo format clean \
-        conformance-real
+        conformance-real peers
 
 all: build
 
@@ -43,6 +43,20 @@ conformance-real: test
 	@set -e; for m in $(REAL_MODELS); do \
 	  tests/conformance/real_model_conformance.sh $(BUILD)/bin/kvq $(LLAMA_BIN) .deps/models/$$m.gguf \
 	    .deps/corpus/test.txt $(BUILD)/conformance_real; done
+
+# The peers' KV caches (llama.cpp types with/without rotation, transformers'
+# QuantizedCache) beside kvq's schemes on the default real model, into
+# docs/peers/ (bench/quality_peers.sh; 30-60 min on 2 shared cores). Not part of test.
+PEERS_MODEL ?= SmolLM2-135M-Instruct.Q4_1
+PEERS_CHUNKS ?= 8
+peers: build llama-cpp
+	scripts/setup_peers.sh
+	bench/quality_peers.sh .deps/models/$(PEERS_MODEL).gguf .deps/corpus/test.txt \
+	  $(BUILD)/peers/$(PEERS_MODEL) $(PEERS_CHUNKS)
+	mkdir -p docs/peers/$(PEERS_MODEL)
+	cp -r $(BUILD)/peers/$(PEERS_MODEL)/peers.json $(BUILD)/peers/$(PEERS_MODEL)/peers.md \
+	  $(BUILD)/peers/$(PEERS_MODEL)/logs docs/peers/$(PEERS_MODEL)/
+	python3 bench/peers_table.py embed docs/benchmarks.md $(PEERS_MODEL) docs/peers/$(PEERS_MODEL)/peers.md
 
 # Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize: setup

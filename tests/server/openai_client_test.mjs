@@ -338,7 +338,11 @@ await test('32 concurrent streaming clients: each request completes or gets 429;
   };
   await Promise.all(Array.from({ length: 32 }, (_, w) => worker(w)));
   assert.equal(completed + rejected, TOTAL);
-  assert.ok(completed >= 12, `completed ${completed}`);
+  // The burst of 32 meets an empty server: the 8-slot waiting queue takes at
+  // least 8 of them whatever the engine thread's speed; how many more reach
+  // the 4 running slots first depends on timing (10 under ASan on a loaded
+  // machine, 12+ idle), so 8 is the bound that cannot flake.
+  assert.ok(completed >= 8, `completed ${completed}`);
   assert.ok(rejected > 0, 'the bounded queue refused some requests');
   const m = await drained(base);
   assert.ok(m.value('kvq_num_preemptions_total') > 0, 'the small budget forced preemptions');

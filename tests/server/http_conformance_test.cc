@@ -27,13 +27,6 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double Metric(const std::string& text, const std::string& name) {
-  const std::string key = "\n" + name + " ";
-  const size_t at = ("\n" + text).find(key);
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + key.size() - 1));
-}
-
 class HttpConformanceTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {

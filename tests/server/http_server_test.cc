@@ -65,14 +65,6 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-// A sample's value from the Prometheus text ("name value" line), or -1.
-double Metric(const std::string& text, const std::string& name) {
-  const std::string key = "\n" + name + " ";
-  const size_t at = ("\n" + text).find(key);
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + key.size() - 1));
-}
-
 class HttpServerTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {

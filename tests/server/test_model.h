@@ -33,4 +33,13 @@ inline std::string WriteTinyServerModel(const std::string& tag) {
   return path;
 }
 
+// A sample's value from the server's Prometheus text ("name value" line),
+// or -1 when the sample is absent.
+inline double Metric(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = ("\n" + text).find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size() - 1));
+}
+
 }  // namespace kvq

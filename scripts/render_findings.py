@@ -33,6 +33,8 @@ def fmt(x, digits=3):
         return "n/a"
     if x == 0:
         return "0"
+    if math.isinf(x):  # a head whose median channel is 0: the ratio has no bound
+        return "inf" if x > 0 else "-inf"
     if abs(x) < 1e-3:
         return f"{x:.2e}"
     return f"{x:.{max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))}f}"
@@ -194,6 +196,9 @@ def self_test(study_dir):
             if (main(["", "--check", str(path), study_dir]) != 0) != bool(want):
                 print(f"self-test: the {name} document was {'accepted' if want else 'rejected'}")
                 return 1
+    if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
+        print("self-test: a head with median channel 0 did not render as inf")
+        return 1
     print("self-test: ok")
     return 0
 

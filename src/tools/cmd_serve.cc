@@ -45,6 +45,31 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// The drain a load balancer needs (docs/ARCHITECTURE.md, "Shutdown"): at
+// once /health answers 503 and every new completion 503 + Connection: close
+// (nginx's proxy_next_upstream http_503 sends it to another replica); what
+// is running or queued finishes, streams included, for up to `timeout_s`;
+// what is left then ends with an error event; every response gets its last
+// bytes (up to kAnswerTime), then the listener stops and RunServe returns 0.
+constexpr auto kAnswerTime = std::chrono::seconds(5);
+
+void Drain(const char* signal_name, double timeout_s, HttpServer& http, EngineLoop& engine) {
+  http.SetShuttingDown();
+  engine.StopAccepting();
+  std::fprintf(stderr, "kvq serve: %s: draining %lld open requests (up to %.0f s)\n", signal_name,
+               static_cast<long long>(http.OpenRequests()), timeout_s);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (!engine.WaitIdle(timeout)) {
+    std::fprintf(stderr, "kvq serve: timeout: cancelling the requests still running\n");
+  }
+  engine.Stop();
+  if (!http.WaitRequestsAnswered(kAnswerTime)) {
+    std::fprintf(stderr, "kvq serve: some responses were not fully sent in %lld s\n",
+                 static_cast<long long>(kAnswerTime.count()));
+  }
+  http.Stop();
+}
+
 int RunServe(const ServeFlags& flags) {
   // SIGTERM/SIGINT are taken by one thread with sigwait; block them before
   // any other thread (OpenMP, HTTP, engine) exists so none receives them.
@@ -117,31 +142,24 @@ int RunServe(const ServeFlags& flags) {
                static_cast<double>(usage.bytes_reserved) / (1 << 20),
                static_cast<long long>(usage.sequence_blocks), static_cast<long long>(max_model_len),
                static_cast<long long>(flags.max_num_seqs));
-  // Scripts start the server on --port 0 and read the port from this line.
-  std::printf("kvq serve: listening on http://%s:%d\n", flags.host.c_str(), *port);
-  std::fflush(stdout);
-
+  // The signal thread exists before the listening line, so a supervisor
+  // that signals as soon as it reads the line is answered by a drain. (A
+  // signal is pending from the pthread_sigmask above until sigtimedwait
+  // takes it; one that arrives before it, while the process starts, still
+  // ends the process with the default action.)
   std::atomic<bool> listening_ended{false};
   std::thread signal_thread([&] {
     const timespec tick{0, 200 * 1000 * 1000};
     while (!listening_ended.load()) {
       const int sig = sigtimedwait(&signals, nullptr, &tick);
       if (sig != SIGTERM && sig != SIGINT) continue;
-      std::fprintf(stderr, "kvq serve: %s: draining (up to %.0f s)\n",
-                   sig == SIGTERM ? "SIGTERM" : "SIGINT", flags.shutdown_timeout);
-      http.SetShuttingDown();
-      engine.StopAccepting();
-      const auto timeout =
-          std::chrono::milliseconds(static_cast<int64_t>(flags.shutdown_timeout * 1000));
-      if (!engine.WaitIdle(timeout)) {
-        std::fprintf(stderr, "kvq serve: timeout: cancelling the requests still running\n");
-      }
-      engine.Stop();
-      http.WaitRequestsAnswered(std::chrono::seconds(5));
-      http.Stop();
+      Drain(sig == SIGTERM ? "SIGTERM" : "SIGINT", flags.shutdown_timeout, http, engine);
       return;
     }
   });
+  // Scripts start the server on --port 0 and read the port from this line.
+  std::printf("kvq serve: listening on http://%s:%d\n", flags.host.c_str(), *port);
+  std::fflush(stdout);
   http.Listen();
   listening_ended.store(true);
   signal_thread.join();

@@ -20,6 +20,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libpcre2-dev
   python3-torch python3-numpy python3-regex python3-matplotlib python3-pip unzip
   chromium  # headless: the HTML report test (tests/report/) renders the page
+  python3-yaml  # tests/server/deploy_manifests_test.py parses deploy/k8s/
   nginx  # tests/server/nginx_drain_test.mjs runs its own nginx (foreground, temp prefix), not the service
 )
 # npm tarballs: name@version (pinned; checksums in scripts/assets.sha256).

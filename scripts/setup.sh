@@ -20,6 +20,8 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libpcre2-dev
   python3-torch python3-numpy python3-regex python3-matplotlib python3-pip unzip
   chromium  # headless: the HTML report test (tests/report/) renders the page
+  python3-yaml  # tests/server/deploy_manifests_test.py parses deploy/k8s/
+  nginx  # tests/server/nginx_drain_test.mjs runs its own nginx (foreground, temp prefix), not the service
 )
 # npm tarballs: name@version (pinned; checksums in scripts/assets.sha256).
 NPM_PACKAGES=(
@@ -39,7 +41,7 @@ NPM_PACKAGES=(
 DEB_TEXT_PACKAGES=(golang-github-pierrec-lz4-dev golang-1.19-src)
 
 # Bumped whenever the lists above change so old .deps folders are refreshed.
-SETUP_VERSION=6
+SETUP_VERSION=7
 
 need_setup() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SETUP_VERSION" ] || return 0

@@ -514,7 +514,11 @@ HttpServer::HttpServer(const LoadedModel& model, EngineLoop& engine,
   lo.idle_timeout = options.idle_timeout;
   Impl* impl = impl_.get();
   impl_->listener = std::make_unique<HttpListener>(
-      lo, [impl](const HttpExchange& exchange, HttpResponse& res) { impl->Handle(exchange, res); },
+      lo,
+      [impl](const HttpExchange& exchange, HttpResponse& res) {
+        impl->Handle(exchange, res);
+        if (impl->shutting_down.load()) res.close = true;
+      },
       [](int status, const std::string& message) {
         return ApiErrorJson(
             MakeError(status, status >= 500 ? "server_error" : "invalid_request_error", message));
@@ -527,6 +531,7 @@ StatusOr<int> HttpServer::Bind() { return impl_->listener->Bind(); }
 void HttpServer::Listen() { impl_->listener->Run(); }
 void HttpServer::Stop() { impl_->listener->Stop(); }
 void HttpServer::SetShuttingDown() { impl_->shutting_down.store(true); }
+int64_t HttpServer::OpenRequests() const { return impl_->open_requests.load(); }
 
 bool HttpServer::WaitRequestsAnswered(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

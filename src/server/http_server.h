@@ -48,8 +48,12 @@ class HttpServer {
   void Listen();
   // Stops accepting and ends Listen (open streams end too: drain the engine first).
   void Stop();
-  // While set, /health answers 503 and new completions are refused.
+  // While set, /health answers 503, new completions are refused (503,
+  // Retry-After) and every response closes its connection, so a proxy's
+  // pool of kept-alive connections lets go of this server.
   void SetShuttingDown();
+  // Completions received and not yet fully answered (streams included).
+  int64_t OpenRequests() const;
   // Waits until every completion has had its final bytes handed to the
   // socket (after the engine stopped, each has a final event to send).
   bool WaitRequestsAnswered(std::chrono::milliseconds timeout);

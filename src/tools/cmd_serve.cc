@@ -45,6 +45,77 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// The drain a load balancer needs (docs/ARCHITECTURE.md, "Shutdown"): at
+// once /health answers 503 and every new completion 503 + Connection: close
+// (nginx's proxy_next_upstream http_503 sends it to another replica); what
+// is running or queued finishes, streams included, for up to `timeout_s`;
+// what is left then ends with an error event; every response gets its last
+// bytes (up to kAnswerTime), then the listener stops and RunServe returns 0.
+constexpr auto kAnswerTime = std::chrono::seconds(5);
+
+void Drain(const char* signal_name, double timeout_s, HttpServer& http, EngineLoop& engine) {
+  http.SetShuttingDown();
+  engine.StopAccepting();
+  std::fprintf(stderr, "kvq serve: %s: draining %lld open requests (up to %.0f s)\n", signal_name,
+               static_cast<long long>(http.OpenRequests()), timeout_s);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (!engine.WaitIdle(timeout)) {
+    std::fprintf(stderr, "kvq serve: timeout: cancelling the requests still running\n");
+  }
+  engine.Stop();
+  if (!http.WaitRequestsAnswered(kAnswerTime)) {
+    std::fprintf(stderr, "kvq serve: some responses were not fully sent in %lld s\n",
+                 static_cast<long long>(kAnswerTime.count()));
+  }
+  http.Stop();
+}
+
+StatusOr<HttpServerOptions> MakeHttpOptions(const ServeFlags& flags, const std::string& path) {
+  HttpServerOptions options;
+  options.host = flags.host;
+  options.port = flags.port;
+  options.api_key = flags.api_key;
+  if (!flags.api_key_file.empty()) {
+    KVQ_ASSIGN_OR_RETURN(options.api_key, ReadApiKeyFile(flags.api_key_file));
+  }
+  options.http_threads = flags.http_threads;
+  options.model_name = flags.served_model_name;
+  if (options.model_name.empty()) {
+    options.model_name = std::filesystem::path(path).filename().string();
+    if (options.model_name.empty()) {
+      options.model_name = std::filesystem::path(path).parent_path().filename();
+    }
+  }
+  return options;
+}
+
+// Announces the port and serves until SIGTERM/SIGINT has been drained. The
+// signal thread exists before the listening line, so a supervisor that
+// signals as soon as it reads the line gets a drain: the signal is pending
+// (blocked in every thread since RunServe's start) until sigtimedwait takes
+// it, and a drain that ends before Listen starts makes Listen return at
+// once. (A signal that arrives before RunServe, while the process starts,
+// still has its default action.)
+void ServeUntilSignalled(const sigset_t& signals, const ServeFlags& flags, int port,
+                         HttpServer& http, EngineLoop& engine) {
+  std::atomic<bool> listening_ended{false};
+  std::thread signal_thread([&] {
+    const timespec tick{0, 200 * 1000 * 1000};
+    while (!listening_ended.load()) {
+      const int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig != SIGTERM && sig != SIGINT) continue;
+      Drain(sig == SIGTERM ? "SIGTERM" : "SIGINT", flags.shutdown_timeout, http, engine);
+      return;
+    }
+  });
+  // Scripts start the server on --port 0 and read the port from this line.
+  std::printf("kvq serve: listening on http://%s:%d\n", flags.host.c_str(), port);
+  std::fflush(stdout);
+  http.Listen();
+  listening_ended.store(true);
+  signal_thread.join();
+}
+
 int RunServe(const ServeFlags& flags) {
   // SIGTERM/SIGINT are taken by one thread with sigwait; block them before
   // any other thread (OpenMP, HTTP, engine) exists so none receives them.
@@ -85,24 +156,9 @@ int RunServe(const ServeFlags& flags) {
   loop_options.max_waiting = flags.max_waiting;
   EngineLoop engine(std::move(scheduler).value(), **cache, loop_options);
 
-  HttpServerOptions http_options;
-  http_options.host = flags.host;
-  http_options.port = flags.port;
-  http_options.api_key = flags.api_key;
-  if (!flags.api_key_file.empty()) {
-    auto key = ReadApiKeyFile(flags.api_key_file);
-    if (!key.ok()) return Fail(key.status().message());
-    http_options.api_key = std::move(key).value();
-  }
-  http_options.http_threads = flags.http_threads;
-  http_options.model_name = flags.served_model_name;
-  if (http_options.model_name.empty()) {
-    http_options.model_name = std::filesystem::path(loaded->path).filename().string();
-    if (http_options.model_name.empty()) {
-      http_options.model_name = std::filesystem::path(loaded->path).parent_path().filename();
-    }
-  }
-  HttpServer http(*loaded, engine, http_options);
+  auto http_options = MakeHttpOptions(flags, loaded->path);
+  if (!http_options.ok()) return Fail(http_options.status().message());
+  HttpServer http(*loaded, engine, *http_options);
   auto port = http.Bind();
   if (!port.ok()) return Fail(port.status().message());
   engine.Start();
@@ -111,40 +167,13 @@ int RunServe(const ServeFlags& flags) {
   std::fprintf(stderr,
                "kvq serve: model '%s' (%s), KV cache %s: %lld blocks of %lld tokens (%.1f MiB), "
                "%lld blocks per sequence for f16 windows, max-model-len %lld, max-num-seqs %lld\n",
-               http_options.model_name.c_str(), loaded->path.c_str(), (*cache)->TypeName(),
+               http_options->model_name.c_str(), loaded->path.c_str(), (*cache)->TypeName(),
                static_cast<long long>(usage.blocks_total),
                static_cast<long long>(usage.block_tokens),
                static_cast<double>(usage.bytes_reserved) / (1 << 20),
                static_cast<long long>(usage.sequence_blocks), static_cast<long long>(max_model_len),
                static_cast<long long>(flags.max_num_seqs));
-  // Scripts start the server on --port 0 and read the port from this line.
-  std::printf("kvq serve: listening on http://%s:%d\n", flags.host.c_str(), *port);
-  std::fflush(stdout);
-
-  std::atomic<bool> listening_ended{false};
-  std::thread signal_thread([&] {
-    const timespec tick{0, 200 * 1000 * 1000};
-    while (!listening_ended.load()) {
-      const int sig = sigtimedwait(&signals, nullptr, &tick);
-      if (sig != SIGTERM && sig != SIGINT) continue;
-      std::fprintf(stderr, "kvq serve: %s: draining (up to %.0f s)\n",
-                   sig == SIGTERM ? "SIGTERM" : "SIGINT", flags.shutdown_timeout);
-      http.SetShuttingDown();
-      engine.StopAccepting();
-      const auto timeout =
-          std::chrono::milliseconds(static_cast<int64_t>(flags.shutdown_timeout * 1000));
-      if (!engine.WaitIdle(timeout)) {
-        std::fprintf(stderr, "kvq serve: timeout: cancelling the requests still running\n");
-      }
-      engine.Stop();
-      http.WaitRequestsAnswered(std::chrono::seconds(5));
-      http.Stop();
-      return;
-    }
-  });
-  http.Listen();
-  listening_ended.store(true);
-  signal_thread.join();
+  ServeUntilSignalled(signals, flags, *port, http, engine);
   engine.Stop();
   std::fprintf(stderr, "kvq serve: stopped\n");
   return 0;

@@ -18,6 +18,7 @@
 
 #include "engine/loaded_model.h"
 #include "kv/kv_factory.h"
+#include "server/raw_http.h"
 #include "server/test_model.h"
 
 namespace kvq {
@@ -193,6 +194,62 @@ TEST_F(HttpServerTest, HealthAndModelsAnswer) {
   const auto models = nlohmann::json::parse(HttpGet(port_, "/v1/models"), nullptr, false);
   ASSERT_FALSE(models.is_discarded());
   EXPECT_EQ(models["data"][0]["id"], "tiny");
+}
+
+// Draining (SIGTERM in kvq serve): /health turns 503 at once and every
+// answer closes its connection, so a proxy drops the connections it keeps
+// alive to this replica and retries the refused completion elsewhere; a
+// stream that was already running still ends normally.
+TEST_F(HttpServerTest, ShuttingDownRefusesWithCloseAndFinishesStreams) {
+  const int kept = RawConnect(port_);
+  ASSERT_GE(kept, 0);
+  std::string buffer;
+  const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ASSERT_TRUE(RawSend(kept, health));
+  RawResponse r = RawRead(kept, &buffer);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.count("connection"), 0u);  // kept alive
+
+  const nlohmann::json body = {{"prompt", "Hello there"},
+                               {"max_tokens", 40},
+                               {"ignore_eos", true},
+                               {"stream", true},
+                               {"temperature", 0}};
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +
+                           std::to_string(body.dump().size()) + "\r\n\r\n" + body.dump();
+  const int streaming = RawConnect(port_);
+  ASSERT_GE(streaming, 0);
+  ASSERT_TRUE(RawSend(streaming, post));
+  // The stream holds KV blocks before the server starts draining.
+  bool running = false;
+  for (int i = 0; i < 3000 && !running; ++i) {  // 30 s at most
+    running = Metric(Metrics(), "kvq_kv_blocks_used") > 0;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(running) << "the stream never started";
+
+  http_->SetShuttingDown();
+  engine_->StopAccepting();
+  ASSERT_TRUE(RawSend(kept, health));
+  r = RawRead(kept, &buffer);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.headers["connection"], "close");
+  EXPECT_TRUE(RawClosed(kept));
+  close(kept);
+  r = RawExchange(port_, post);
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.headers["connection"], "close");
+  EXPECT_EQ(r.headers["retry-after"], "5");
+
+  std::string stream_buffer;
+  r = RawRead(streaming, &stream_buffer);
+  close(streaming);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("\"finish_reason\":\"length\""), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos) << r.body;
+  EXPECT_TRUE(engine_->WaitIdle(std::chrono::seconds(30)));
+  EXPECT_TRUE(http_->WaitRequestsAnswered(std::chrono::seconds(5)));
+  EXPECT_EQ(http_->OpenRequests(), 0);
 }
 
 }  // namespace

@@ -57,8 +57,10 @@ serve_starts() {
     sleep 0.1
   done
   grep -q "KV cache " "$WORK/serve.err" || fail "serve --kv-cache-dtype $1: no cache line"
-  # SIGTERM only once /health answers: a signal between the listening line
-  # and the listener's start is lost (a kvq serve start-up race, reported).
+  # SIGTERM once /health answers. (The signal once thought lost between the
+  # listening line and the listener's start was this script reading the
+  # previous server's output; tests/server/serve_signal_test.mjs sends
+  # SIGTERM at the listening line itself.)
   port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/serve.out")
   tries=0
   until curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1; do

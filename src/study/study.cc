@@ -9,6 +9,7 @@
 #include "eval/calibrate.h"
 #include "eval/perplexity.h"
 #include "eval/planner.h"
+#include "io/sha256.h"
 #include "kv/kv_calibration.h"
 #include "study/study_capture.h"
 #include "study/study_gsm8k.h"
@@ -326,6 +327,22 @@ Status RunGsm8kStage(LoadedModel& model, const std::string& calibration, const S
   return Status::Ok();
 }
 
+Status RunContextKlStage(LoadedModel& model, const std::string& text,
+                         const std::string& calibration, const StudyOptions& o,
+                         const Report& report, Json& out) {
+  ContextKlOptions options = o.context_kl.options;
+  options.calibration_path = calibration;
+  options.threads = o.threads;
+  KVQ_ASSIGN_OR_RETURN(
+      out["context_kl"],
+      RunContextKlStudy(model, text, Sha256Hex(text), F16First(o.context_kl.schemes), options,
+                        o.context_kl.dir, [&](const ContextKlProgress& p) {
+                          report("context_kl " + p.scheme + " @ " + std::to_string(p.length),
+                                 "point", p.done, p.total);
+                        }));
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const StudyOptions& o,
@@ -337,7 +354,9 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   };
   const std::vector<int32_t> tokens = PerplexityTokens(model, text);  // BOS first if the model adds
   if (o.core) KVQ_RETURN_IF_ERROR(ValidateStudy(model, tokens, o));
-  if (!o.core && !o.needle.run && !o.gsm8k.run) return Status::Error("no study stage to run");
+  if (!o.core && !o.needle.run && !o.gsm8k.run && !o.context_kl.run) {
+    return Status::Error("no study stage to run");
+  }
 
   Json out;
   out["kvq_study_version"] = kStudyVersion;
@@ -366,6 +385,9 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
   if (o.core) all = schemes;
   if (o.needle.run) all.insert(all.end(), o.needle.schemes.begin(), o.needle.schemes.end());
   if (o.gsm8k.run) all.insert(all.end(), o.gsm8k.schemes.begin(), o.gsm8k.schemes.end());
+  if (o.context_kl.run) {
+    all.insert(all.end(), o.context_kl.schemes.begin(), o.context_kl.schemes.end());
+  }
   report("calibration", "kvquant", 0, 1);
   std::string calibration_path;
   auto calibration =
@@ -387,6 +409,8 @@ StatusOr<Json> RunStudy(LoadedModel& model, const std::string& text, const Study
         [&] { return RunNeedleStage(model, calibration_path, o, report, out); });
   stage("gsm8k", o.gsm8k.run,
         [&] { return RunGsm8kStage(model, calibration_path, o, report, out); });
+  stage("context_kl", o.context_kl.run,
+        [&] { return RunContextKlStage(model, text, calibration_path, o, report, out); });
   std::error_code ignored;
   std::filesystem::remove(o.baseline_logits_path, ignored);
   if (calibration_path == o.calibration_scratch_path && !calibration_path.empty()) {

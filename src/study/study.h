@@ -16,6 +16,7 @@
 #include "base/status.h"
 #include "engine/loaded_model.h"
 #include "eval/calibrate.h"
+#include "study/study_context_kl.h"
 #include "study/study_e2e.h"
 #include "study/study_gsm8k.h"
 #include "study/study_niah.h"
@@ -56,7 +57,7 @@ struct StudyOptions {
   std::vector<int64_t> memory_contexts = {512, 1024, 2048, 4096, 8192, 16384, 32768};
   int threads = 1;
   // Stages: capture, outliers, fake quantization and end to end ("core"),
-  // then optionally the needle-in-a-haystack and GSM8K stages, each with its
+  // then optionally the needle-in-a-haystack, GSM8K and context-KL stages, each with its
   // own schemes (f16 is added first) and a results directory to resume from.
   bool core = true;
   struct NeedleStage {
@@ -72,6 +73,12 @@ struct StudyOptions {
     std::string data_path, sha256sums_path;  // sums "" = unchecked
     std::string dir;
   } gsm8k;
+  struct ContextKlStage {  // KL vs f16 by context length
+    bool run = false;
+    ContextKlOptions options;
+    std::vector<SchemeSpec> schemes;
+    std::string dir;
+  } context_kl;
 };
 
 struct StudyEvent {

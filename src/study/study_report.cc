@@ -62,7 +62,8 @@ constexpr KnownChart kKnownCharts[] = {
     {"memory", "memory plan (memory)"},
     {"recall", "passkey recall (schemes[*].recall)"},
     {"needle", "needle in a haystack (needle; kvq study --niah or --full)"},
-    {"gsm8k", "GSM8K reasoning (gsm8k; kvq study --gsm8k-problems N or --full)"}};
+    {"gsm8k", "GSM8K reasoning (gsm8k; kvq study --gsm8k-problems N or --full)"},
+    {"context-kl", "KL by context length (context_kl; kvq study --context-kl or --full)"}};
 
 std::string Format(const char* format, double x) {
   char buf[64];

@@ -634,7 +634,8 @@ StatusOr<std::vector<StudyChart>> BuildStudyCharts(const json& study) {
   if (memory) charts.push_back(std::move(*memory));
   KVQ_ASSIGN_OR_RETURN(MaybeChart recall, RecallChart(study));
   if (recall) charts.push_back(std::move(*recall));
-  for (auto builder : {study_report::NeedleChart, study_report::Gsm8kChart}) {
+  for (auto builder :
+       {study_report::NeedleChart, study_report::Gsm8kChart, study_report::ContextKlChart}) {
     KVQ_ASSIGN_OR_RETURN(MaybeChart chart, builder(study));
     if (chart) charts.push_back(std::move(*chart));
   }

@@ -351,7 +351,8 @@ StatusOr<std::string> RenderComparisonReportHtml(const std::vector<json>& studie
   KVQ_ASSIGN_OR_RETURN(std::vector<std::string> labels, ModelLabels(studies));
   study_report::PageParts page;
   page.title = "kvq study: " + std::to_string(studies.size()) + " models side by side";
-  for (auto builder : {CompareSchemes, CompareFakeQuant, CompareLayers, CompareTasks}) {
+  for (auto builder : {CompareSchemes, CompareFakeQuant, CompareLayers, CompareTasks,
+                       study_report::CompareContextKl}) {
     auto chart = builder(studies, labels);
     if (!chart.ok()) return chart.status();
     if (*chart) page.charts.push_back(std::move(**chart));

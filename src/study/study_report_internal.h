@@ -42,6 +42,12 @@ StatusOr<std::string> NeedleTable(const nlohmann::json& study);
 StatusOr<MaybeChart> Gsm8kChart(const nlohmann::json& study);
 StatusOr<std::string> Gsm8kTable(const nlohmann::json& study);
 
+// KL by context length (study_report_context.cc): one study's chart, and
+// the comparison's (one panel per scheme, a line per model).
+StatusOr<MaybeChart> ContextKlChart(const nlohmann::json& study);
+StatusOr<MaybeChart> CompareContextKl(const std::vector<nlohmann::json>& studies,
+                                      const std::vector<std::string>& labels);
+
 // The page around `body` (study_report.cc): head, self-check, body, the
 // chart sections (each followed by after_chart[id] if present), footer,
 // libraries, chart data and driver.

@@ -35,6 +35,11 @@ namespace {
 constexpr const char* kDefaultNeedleSchemes = "f16,int8,int4,int4+rot,kivi4,kivi2,kvquant3,int2";
 constexpr const char* kDefaultGsm8kSchemes =
     "f16,int8,int4,kivi4,kivi2,int2-c32-asym/int2-g32-asym,int2";
+// KL by context length: issue 17 item 6's int4, kivi2 and kvquant3, and the
+// 2-bit candidates the best of which the stage reports (kvquant2, KIVI's
+// codecs without the f16 window).
+constexpr const char* kDefaultContextKlSchemes =
+    "f16,int4,kivi2,kvquant3,kvquant2,int2-c32-asym/int2-g32-asym";
 
 struct StudyFlags {
   std::vector<std::string> models;
@@ -57,7 +62,7 @@ struct StudyFlags {
   std::string kv_calibration;
   std::string calib_file;
   int64_t calib_tokens = 0;  // 0 = the mode's default
-  bool full = false;         // + needle (20 trials, 1K-8K) and GSM8K (250 problems)
+  bool full = false;         // + needle (20 trials, 1K-8K), GSM8K (250), context KL
   bool niah = false;         // + a small needle stage
   bool no_core = false;      // skip capture .. end to end
   std::string results_dir;
@@ -69,6 +74,10 @@ struct StudyFlags {
   std::string gsm8k_data, gsm8k_schemes;
   int64_t gsm8k_problems = 0;
   int gsm8k_max_tokens = 320;
+  bool context_kl = false;  // + KL vs f16 by context length
+  std::vector<int64_t> context_kl_lengths;
+  std::string context_kl_schemes;
+  int64_t context_kl_positions = 2048;
 };
 
 int Fail(const std::string& message) {
@@ -151,8 +160,32 @@ class Progress {
   std::string last_;
 };
 
-// The needle and GSM8K stages' options from the flags (model-dependent
-// defaults; chat "auto" needs the loaded tokenizer).
+// The context-KL stage: lengths doubling from 512 to 4096 (with --full, to
+// the model's context), or --context-kl-lengths.
+Status ConfigureContextKl(const StudyFlags& flags, const ModelConfig& c, const KvShape& shape,
+                          const std::string& results, StudyOptions& o) {
+  o.context_kl.run = flags.full || flags.context_kl || !flags.context_kl_lengths.empty();
+  if (!o.context_kl.run) return Status::Ok();
+  ContextKlOptions& k = o.context_kl.options;
+  k.lengths = flags.context_kl_lengths;
+  if (k.lengths.empty()) {
+    const int64_t longest =
+        flags.full ? c.max_position_embeddings : std::min<int64_t>(4096, c.max_position_embeddings);
+    for (int64_t x = 512; x <= longest; x *= 2) k.lengths.push_back(x);
+  }
+  if (k.lengths.empty()) return Status::Error("no context-KL length fits the model's context");
+  k.positions = flags.context_kl_positions;
+  k.batch = o.batch;
+  KVQ_ASSIGN_OR_RETURN(o.context_kl.schemes,
+                       ParseSchemeList(flags.context_kl_schemes.empty() ? kDefaultContextKlSchemes
+                                                                        : flags.context_kl_schemes,
+                                       shape));
+  o.context_kl.dir = results + "/context_kl";
+  return Status::Ok();
+}
+
+// The needle, GSM8K and context-KL stages' options from the flags
+// (model-dependent defaults; chat "auto" needs the loaded tokenizer).
 Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
                             const std::string& model_path, StudyOptions& o) {
   const ModelConfig& c = model.transformer->config();
@@ -226,7 +259,7 @@ Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
                         shape));
     o.gsm8k.dir = results + "/gsm8k";
   }
-  return Status::Ok();
+  return ConfigureContextKl(flags, c, shape, results, o);
 }
 
 // One model's study; writes its JSON to `json_path`.
@@ -298,12 +331,13 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
   KVQ_RETURN_IF_ERROR(ConfigureExtraStages(flags, loaded, model_path, o));
   std::fprintf(stderr,
                "kvq study: %s, text %s, %d threads, --ctx %lld x %lld windows, capture %lld "
-               "tokens, %zu schemes%s%s%s%s\n",
+               "tokens, %zu schemes%s%s%s%s%s\n",
                loaded.path.c_str(), text_path.c_str(), o.threads, (long long)o.context,
                (long long)o.chunks, (long long)o.capture_tokens, o.schemes.size(),
                o.quick ? " (--quick)" : "", o.core ? "" : " (no core stages)",
                o.needle.run ? (", needle stage in " + o.needle.dir).c_str() : "",
-               o.gsm8k.run ? (", GSM8K stage in " + o.gsm8k.dir).c_str() : "");
+               o.gsm8k.run ? (", GSM8K stage in " + o.gsm8k.dir).c_str() : "",
+               o.context_kl.run ? (", context-KL stage in " + o.context_kl.dir).c_str() : "");
   Progress progress;
   auto result = RunStudy(loaded, text, o, [&](const StudyEvent& e) { progress(e); });
   progress.Done();
@@ -443,16 +477,17 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--full", flags->full,
                 "The long, resumable run: also needle in a haystack (every task, contexts "
-                "1K-8K within the model's, 5 depths, 20 trials) and GSM8K (250 problems); "
+                "1K-8K within the model's, 5 depths, 20 trials), GSM8K (250 problems) and "
+                "context KL (512 to the model's context); "
                 "results kept in --results-dir, a rerun continues where it stopped");
   cmd->add_flag("--niah", flags->niah,
                 "Also the needle-in-a-haystack stage (default single_repeat,multikey_repeat at "
                 "1K/2K, 5 depths, 4 trials)");
   cmd->add_flag("--no-core", flags->no_core,
                 "Skip capture, outliers, fake quantization and end to end (only the stages "
-                "asked for with --niah/--gsm8k-problems/--full)");
+                "asked for with --niah/--gsm8k-problems/--context-kl/--full)");
   cmd->add_option("--results-dir", flags->results_dir,
-                  "Where the needle and GSM8K results are appended (default "
+                  "Where the needle, GSM8K and context-KL results are appended (default "
                   "kvq-study-results/<model>); rerun with the same one to resume");
   cmd->add_option("--chat", flags->chat,
                   "Chat template for needle/GSM8K prompts: auto (when the model has one), on, off")
@@ -481,6 +516,19 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   std::string("GSM8K schemes (default ") + kDefaultGsm8kSchemes + ")");
   cmd->add_option("--gsm8k-max-tokens", flags->gsm8k_max_tokens,
                   "Tokens generated per GSM8K answer at most (default 320)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--context-kl", flags->context_kl,
+                "Also KL vs f16 by context length (windows of 512..4096 within the model's "
+                "context; with --full up to the model's context), resumable in --results-dir");
+  cmd->add_option("--context-kl-lengths", flags->context_kl_lengths,
+                  "Context-KL window lengths (even; implies --context-kl)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--context-kl-schemes", flags->context_kl_schemes,
+                  std::string("Context-KL schemes (default ") + kDefaultContextKlSchemes + ")");
+  cmd->add_option("--context-kl-positions", flags->context_kl_positions,
+                  "Scored positions per context-KL length (default 2048; windows of L score L/2-1 "
+                  "each)")
       ->check(CLI::PositiveNumber);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunStudyCommand(*flags); });
 }

@@ -86,6 +86,23 @@ void PrintGsm8k(const nlohmann::json& g) {
   }
 }
 
+void PrintContextKl(const nlohmann::json& c) {
+  std::printf(
+      "\nKL vs f16 by context length (mean KL, nats; about %lld scored positions a length)\n",
+      (long long)c["positions"]);
+  std::printf("%-30s", "scheme");
+  for (const auto& length : c["lengths"]) std::printf(" %10lld", (long long)length);
+  std::printf("\n");
+  for (const auto& sc : c["schemes"]) {
+    std::printf("%-30s", sc["name"].get<std::string>().c_str());
+    for (const auto& p : sc["points"]) std::printf(" %10s", Num(p["kl_mean"], "%.3e").c_str());
+    std::printf("\n");
+  }
+  if (c["best_2bit"].is_string()) {
+    std::printf("best 2-bit scheme: %s\n", c["best_2bit"].get<std::string>().c_str());
+  }
+}
+
 void PrintCoreTables(const nlohmann::json& s) {
   std::printf("\nOutliers (captured %lld tokens; channels with mean |x| > 4x the head's median)\n",
               (long long)s["outliers"]["capture_tokens"]);
@@ -164,10 +181,11 @@ void PrintStudyTables(const nlohmann::json& s) {
   if (s.contains("outliers")) PrintCoreTables(s);
   if (s.contains("needle")) PrintNeedle(s["needle"]);
   if (s.contains("gsm8k")) PrintGsm8k(s["gsm8k"]);
+  if (s.contains("context_kl")) PrintContextKl(s["context_kl"]);
   std::string times;
   const auto& t = s["timings_seconds"];
-  for (const char* name :
-       {"capture", "outliers", "fake_quant", "end_to_end", "needle", "gsm8k", "total"}) {
+  for (const char* name : {"capture", "outliers", "fake_quant", "end_to_end", "needle", "gsm8k",
+                           "context_kl", "total"}) {
     if (!t.contains(name)) continue;
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%s%s %.1f s", times.empty() ? "" : ", ", name,

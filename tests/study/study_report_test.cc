@@ -411,5 +411,49 @@ TEST(StudyReport, ComparisonPutsModelsSideBySide) {
   EXPECT_NE(old.status().message().find("studies[1]"), std::string::npos);
 }
 
+// KL by context length: one line point per (non-f16 scheme, length), the
+// best 2-bit scheme named, each model a line in the comparison; a point
+// without its length is a clear error.
+TEST(StudyReport, ContextKlChartsHoldEveryPoint) {
+  SKIP_WITHOUT_CHART_LIBRARIES();
+  auto point = [](int64_t context, double kl) {
+    return json{{"context", context}, {"kl_mean", kl}, {"kl_p99", 4 * kl}, {"top1_agreement", 0.9}};
+  };
+  json a = LoadFixture();
+  a["context_kl"] = {
+      {"lengths", {512, 1024}},
+      {"positions", 2048},
+      {"best_2bit", "kivi2"},
+      {"schemes",
+       {{{"name", "f16"}, {"baseline", true}, {"points", {point(512, 0), point(1024, 0)}}},
+        {{"name", "int4"}, {"baseline", false}, {"points", {point(512, 0.01), point(1024, 0.02)}}},
+        {{"name", "kivi2"},
+         {"baseline", false},
+         {"points", {point(512, 0.1), point(1024, 0.3)}}}}}};
+  auto charts = BuildStudyCharts(a);
+  ASSERT_TRUE(charts.ok()) << charts.status().message();
+  auto by_id = ById(*charts);
+  ASSERT_TRUE(by_id.count("context-kl"));
+  EXPECT_EQ(by_id["context-kl"].spec["data"]["values"].size(), 4u);  // f16 has no log-axis place
+  EXPECT_NE(by_id["context-kl"].caption.find("best 2-bit scheme at the longest length is kivi2"),
+            std::string::npos);
+  json b = a;
+  b["model"]["path"] = "models/other-model.gguf";
+  auto html = RenderComparisonReportHtml({a, b});
+  ASSERT_TRUE(html.ok()) << html.status().message();
+  std::set<std::string> models;
+  for (const json& chart : ChartDataOf(*html)) {
+    if (chart["id"] != "compare-context-kl") continue;
+    EXPECT_EQ(chart["spec"]["data"]["values"].size(), 8u);
+    for (const json& v : chart["spec"]["data"]["values"]) models.insert(v["model"]);
+  }
+  EXPECT_EQ(models.size(), 2u);
+  a["context_kl"]["schemes"][1]["points"][0].erase("context");
+  auto bad = BuildStudyCharts(a);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("context_kl.schemes[1].points[0]"), std::string::npos)
+      << bad.status().message();
+}
+
 }  // namespace
 }  // namespace kvq

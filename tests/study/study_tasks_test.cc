@@ -15,6 +15,7 @@
 #include "kv/kv_factory.h"
 #include "model/synth.h"
 #include "study/study.h"
+#include "study/study_context_kl.h"
 #include "study/study_decode.h"
 #include "study/study_gsm8k.h"
 #include "study/study_niah.h"
@@ -409,6 +410,88 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   EXPECT_FALSE(RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr).ok());
   fs::remove_all(dir);
   fs::remove(data_path);
+}
+
+// KL by context length: f16 is the zero baseline, a 2-bit cache is not; a
+// rerun measures nothing, new lengths and schemes measure only themselves
+// (f16 re-runs for its log-probs without a second record), and another
+// configuration is refused.
+TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
+  const std::string dir = TempPath("context_kl");
+  fs::remove_all(dir);
+  std::string text;
+  for (int i = 0; i < 1200; ++i) text += static_cast<char>('a' + (i * 7 + i / 13) % 26);
+  ContextKlOptions o;
+  o.lengths = {128, 64};
+  o.positions = 100;
+  auto specs = [](std::vector<std::string> names) {
+    std::vector<SchemeSpec> out;
+    for (const std::string& n : names) out.push_back({n, n, n, false, ""});
+    return out;
+  };
+  int64_t events = 0;
+  ContextKlProgress last;
+  auto count = [&](const ContextKlProgress& p) {
+    ++events;
+    last = p;
+  };
+  auto first = RunContextKlStudy(model_, text, "digest", specs({"f16", "int2"}), o, dir, count);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  const nlohmann::json& j = *first;
+  EXPECT_EQ(j["lengths"], nlohmann::json({64, 128}));
+  ASSERT_EQ(j["schemes"].size(), 2u);
+  const auto& f16 = j["schemes"][0];
+  const auto& int2 = j["schemes"][1];
+  EXPECT_TRUE(f16["baseline"].get<bool>());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(f16["points"][i]["kl_mean"], 0.0);
+    EXPECT_EQ(f16["points"][i]["top1_agreement"], 1.0);
+    EXPECT_GT(int2["points"][i]["kl_mean"].get<double>(), 0.0);
+    EXPECT_GE(int2["points"][i]["kl_p99"].get<double>(),
+              int2["points"][i]["kl_mean"].get<double>());
+  }
+  // 64: windows of 31 scored positions, ceil(100 / 31) = 4; 128: 2 of 63.
+  EXPECT_EQ(int2["points"][0]["windows"], 4);
+  EXPECT_EQ(int2["points"][0]["positions"], 4 * 31);
+  EXPECT_EQ(int2["points"][1]["positions"], 2 * 63);
+  EXPECT_EQ(ContextKlWindows(64, 100, 1200 / 64 * 64), 4);
+  EXPECT_EQ(ContextKlWindows(512, 100000, 1024), 2);  // the text bounds it
+  EXPECT_EQ(int2["nominal_bits"], 2);
+  EXPECT_EQ(j["best_2bit"], "int2");
+  EXPECT_EQ(events, 4 + 1);
+  EXPECT_EQ(last.done, 4);
+  EXPECT_EQ(last.total, 4);
+
+  events = 0;
+  auto again = RunContextKlStudy(model_, text, "digest", specs({"f16", "int2"}), o, dir, count);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(events, 1);  // only the final report
+  EXPECT_EQ((*again)["schemes"], j["schemes"]);
+
+  o.lengths = {64, 96, 128};
+  events = 0;
+  auto longer =
+      RunContextKlStudy(model_, text, "digest", specs({"f16", "int2", "int4"}), o, dir, count);
+  ASSERT_TRUE(longer.ok()) << longer.status().message();
+  EXPECT_EQ(events, 3 * 2 + 1 + 1);  // f16 + int4 at 64 and 128, all three at 96
+  EXPECT_EQ((*longer)["schemes"][1]["points"][0], int2["points"][0]);
+  std::ifstream f16_log(dir + "/" + ResultFileStem("f16") + ".jsonl");
+  EXPECT_EQ(
+      std::count(std::istreambuf_iterator<char>(f16_log), std::istreambuf_iterator<char>(), '\n'),
+      3);
+  EXPECT_FALSE(fs::exists(dir + "/f16-96.logprobs"));  // scratch removed
+
+  o.positions = 50;  // another configuration
+  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr).ok());
+  o.positions = 100;
+  o.lengths = {1000};  // beyond the model's 640
+  auto too_long = RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("640"), std::string::npos);
+  o.lengths = {63};
+  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr).ok());
+  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"int2"}), o, dir, nullptr).ok());
+  fs::remove_all(dir);
 }
 
 }  // namespace

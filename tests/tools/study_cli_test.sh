@@ -24,6 +24,8 @@ expect_error "cannot open" -f "$WORK/no-such-file.txt"
 printf 'Too short a text.' >"$WORK/short.txt"
 expect_error "tokens" -f "$WORK/short.txt" --quick
 expect_error "exceeds\|--ctx" -f "$TEXT" --ctx 4096
+expect_error "context KL length 100000" -f "$TEXT" --no-core --context-kl-lengths 100000
+expect_error "context KL length 511" -f "$TEXT" --no-core --context-kl-lengths 511
 
 "$KVQ" study -m "$MODEL" -f "$TEXT" -t 1 --quick --schemes int4,f16/int4 --recall-depths 0.5 \
   --json "$WORK/study.json" --dump "$WORK/capture.safetensors" >"$WORK/out" 2>"$WORK/err" ||

@@ -7,7 +7,8 @@ docs/findings.md mixes prose with blocks the prose may not edit by hand:
     ...tables made from docs/study/SmolLM2-135M-Instruct.Q4_1/study.json...
     <!-- end generated -->
 
-Block kinds: `run M`, `structure M`, `claims M`, `e2e M` (one model's study),
+Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M` (one
+model's study; context_kl also from M/context_kl.json beside its study.json),
 and `compare` (every shipped model side by side). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when the prose quotes a decimal number (3.14, 2.5x, 96.3%) that no
@@ -144,14 +145,35 @@ def render_compare(studies):
     return table(["scheme"] + [f"{n}: KL / top-1" for n in names], rows)
 
 
+def render_context_kl(study):
+    if "context_kl" not in study:
+        raise KeyError("no context_kl section (kvq study --context-kl; context_kl.json)")
+    c = study["context_kl"]
+    rows = []
+    for s in c["schemes"]:
+        if s["baseline"]:
+            continue
+        by_length = {p["context"]: p for p in s["points"]}
+        rows.append([f"`{s['name']}`", fmt(s["bits_per_value"])] +
+                    [f"{fmt(by_length[n]['kl_mean'])} / {pct(by_length[n]['top1_agreement'])}"
+                     if n in by_length else "" for n in c["lengths"]])
+    text = table(["scheme", "bits/value"] + [f"{n}: KL / top-1" for n in c["lengths"]], rows)
+    best = c.get("best_2bit")
+    return text + (f"\nBest 2-bit scheme at the longest length: `{best}`.\n" if best else "")
+
+
 RENDERERS = {"run": render_run, "structure": render_structure, "claims": render_claims,
-             "e2e": render_e2e}
+             "e2e": render_e2e, "context_kl": render_context_kl}
 
 
 def load_studies(study_dir):
     studies = {}
     for path in sorted(pathlib.Path(study_dir).glob("*/study.json")):
         studies[path.parent.name] = json.loads(path.read_text())
+        # A separate --no-core --context-kl run of the same model ships beside it.
+        extra = path.parent / "context_kl.json"
+        if extra.exists() and "context_kl" not in studies[path.parent.name]:
+            studies[path.parent.name]["context_kl"] = json.loads(extra.read_text())["context_kl"]
     return studies
 
 

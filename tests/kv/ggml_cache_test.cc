@@ -169,6 +169,59 @@ TEST(GgmlCache, RotationLowersQ4ErrorOnAnOutlierChannel) {
   EXPECT_LT(err[1], err[0] / 2) << err[0] << " vs " << err[1];
 }
 
+// Each decoded value is within one step of its input, the step d being the
+// block's scale in f32 before its f16 rounding: q8_0 d = amax / 127 (half a
+// step: it rounds to nearest); q4_0 / q5_0 d = max / -(levels / 2), one step
+// at most (the level of -max, one past the top code, clamps to it);
+// q4_1 / q5_1 d = (max - min) / (levels - 1), half a step plus min's f16
+// rounding (2^-11 relative). The f16 scale adds <= levels * 2^-11 * d, or
+// levels * 2^-25 where it is an f16 subnormal (half its unit; so for min).
+TEST(GgmlCache, EveryValueDecodesWithinAStepOfItsInput) {
+  std::mt19937 rng(8);
+  const int64_t dim = 96, n = 40;
+  for (float sigma : {1.0f, 1e-3f, 300.0f}) {
+    std::vector<float> x = Normal(static_cast<size_t>(n * dim), rng);
+    for (float& v : x) v *= sigma;
+    for (const char* type : {"q8_0", "q4_0", "q5_0", "q4_1", "q5_1"}) {
+      SCOPED_TRACE(std::string(type) + " sigma " + std::to_string(sigma));
+      auto codec = ParseKvCodec(type, dim);
+      ASSERT_TRUE(codec.ok());
+      std::vector<uint8_t> rows(static_cast<size_t>(n) * (*codec)->RowBytes());
+      (*codec)->Encode(x.data(), n, rows.data());
+      std::vector<float> back(x.size());
+      (*codec)->Decode(rows.data(), n, back.data());
+      const std::string t = type;
+      const double levels = t == "q8_0" ? 255 : (t[1] == '4' ? 16 : 32);
+      for (int64_t b = 0; b < n * dim / 32; ++b) {
+        const float* xb = x.data() + b * 32;
+        double lo = xb[0], hi = xb[0], amax = 0;
+        for (int j = 0; j < 32; ++j) {
+          lo = std::min<double>(lo, xb[j]);
+          hi = std::max<double>(hi, xb[j]);
+          amax = std::max<double>(amax, std::fabs(xb[j]));
+        }
+        double step, bound;
+        if (t == "q8_0") {
+          step = amax / 127;
+          bound = step * (0.5 + 128 * std::ldexp(1.0, -11));
+        } else if (t[3] == '0') {
+          step = amax / (levels / 2);
+          bound = step * (1 + levels * std::ldexp(1.0, -11));
+        } else {
+          step = (hi - lo) / (levels - 1);
+          bound =
+              step * (0.5 + levels * std::ldexp(1.0, -11)) + std::fabs(lo) * std::ldexp(1.0, -11);
+        }
+        bound += (levels + 1) * std::ldexp(1.0, -25);
+        for (int j = 0; j < 32; ++j) {
+          ASSERT_LE(std::fabs(back[b * 32 + j] - xb[j]), bound * 1.0001 + 1e-30)
+              << "block " << b << " value " << j << " step " << step;
+        }
+      }
+    }
+  }
+}
+
 TEST(GgmlCache, PreRopeKeysRefuseTheRotation) {
   KvShape shape{1, 2, 1, 64};
   shape.rope_inv_freq.assign(32, 0.5f);

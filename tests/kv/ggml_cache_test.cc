@@ -222,6 +222,15 @@ TEST(GgmlCache, EveryValueDecodesWithinAStepOfItsInput) {
   }
 }
 
+TEST(GgmlCache, HeadDimNotAMultipleOf32IsAClearError) {
+  for (int64_t dim : {8, 48, 100}) {
+    auto codec = ParseKvCodec("q5_1", dim);
+    ASSERT_FALSE(codec.ok()) << dim;
+    EXPECT_NE(codec.status().message().find("multiple of 32"), std::string::npos)
+        << codec.status().message();
+  }
+}
+
 TEST(GgmlCache, PreRopeKeysRefuseTheRotation) {
   KvShape shape{1, 2, 1, 64};
   shape.rope_inv_freq.assign(32, 0.5f);

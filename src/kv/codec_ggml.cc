@@ -85,10 +85,24 @@ struct GgmlFmt {
       const qd::VU q = WithHighBit(b + 4, within, Nibbles(b + 8, within));
       return hn::MulAdd(qd::ToF(q), vs, vo);
     } else {
-      static constexpr float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                            1,    13,   25,  38,  53,  69,  89,  113};
+      alignas(64) static constexpr float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                        1,    13,   25,  38,  53,  69,  89,  113};
       const auto idx = hn::BitCast(qd::DI(), Nibbles(b + 2, within));
-      return hn::Mul(vs, hn::GatherIndex(d, kLevels, idx));
+      // The same table values either way: a register permute where one
+      // vector holds all 16 (AVX-512), two halves where it holds 8 (AVX2),
+      // else a gather.
+      hn::Vec<D> level;
+      if constexpr (!HWY_HAVE_SCALABLE && hn::MaxLanes(D()) >= 16) {
+        level = hn::TableLookupLanes(hn::LoadU(d, kLevels), hn::IndicesFromVec(d, idx));
+      } else if constexpr (!HWY_HAVE_SCALABLE && hn::MaxLanes(D()) == 8) {
+        const auto low = hn::And(idx, hn::Set(qd::DI(), 7));
+        const auto lo = hn::TableLookupLanes(hn::LoadU(d, kLevels), hn::IndicesFromVec(d, low));
+        const auto hi = hn::TableLookupLanes(hn::LoadU(d, kLevels + 8), hn::IndicesFromVec(d, low));
+        level = hn::IfThenElse(hn::RebindMask(d, hn::Gt(idx, hn::Set(qd::DI(), 7))), hi, lo);
+      } else {
+        level = hn::GatherIndex(d, kLevels, idx);
+      }
+      return hn::Mul(vs, level);
     }
   }
 };

@@ -266,8 +266,7 @@ void QuantizeQ8_0(const float* x, uint8_t* b) {
   }
 }
 
-constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                   1,    13,   25,  38,  53,  69,  89,  113};
+constexpr const int8_t* kIq4Levels = ops::kIQ4NLValues;
 
 // Index of the level nearest v, ggml's bisection (ties go up).
 int NearestIq4(float v) {

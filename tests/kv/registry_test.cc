@@ -199,20 +199,14 @@ TEST(KvRegistry, UnimplementedWidthsAreErrors) {
 }
 
 TEST(KvRegistry, OtherProjectsSpellingsMapToTheirClosestCodec) {
-  const std::pair<const char*, const char*> expected[] = {{"fp8", "fp8_e4m3"},
-                                                          {"fp8_e4m3", "fp8_e4m3"},
-                                                          {"fp8_e5m2", "fp8_e5m2"},
-                                                          {"auto", "f16"},
-                                                          {"f16", "f16"},
-                                                          {"q8_0", "q8_0"},
-                                                          {"q4_0", "q4_0"},
-                                                          {"q4_1", "q4_1"},
-                                                          {"q5_0", "q5_0"},
-                                                          {"q5_1", "q5_1"},
-                                                          {"iq4_nl", "iq4_nl"},
-                                                          {"iq4_nl-norot", "iq4_nl-norot"},
-                                                          {"q4_0-r64", "q4_0-r64"},
-                                                          {"q4_0-r64-norot", "q4_0-norot-r64"}};
+  const std::pair<const char*, const char*> expected[] = {
+      {"fp8", "fp8_e4m3"},      {"fp8_e4m3", "fp8_e4m3"},
+      {"fp8_e5m2", "fp8_e5m2"}, {"auto", "f16"},
+      {"f16", "f16"},           {"q8_0", "q8_0"},
+      {"q4_0", "q4_0"},         {"q4_1", "q4_1"},
+      {"q5_0", "q5_0"},         {"q5_1", "q5_1"},
+      {"iq4_nl", "iq4_nl"},     {"iq4_nl-norot", "iq4_nl-norot"},
+      {"q4_0-r64", "q4_0-r64"}, {"q4_0-r64-norot", "q4_0-norot-r64"}};
   for (const auto& [alias, canonical] : expected) {
     auto spec = ParseKvCodecSpec(alias);
     ASSERT_TRUE(spec.ok()) << alias << ": " << spec.status().message();

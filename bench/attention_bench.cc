@@ -150,8 +150,9 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
 }
 
 void RegisterAll() {
-  for (const char* codec : {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2",
-                            "kivi4", "kvquant2", "kvquant3", "kvquant4", "gear2", "gear4"}) {
+  for (const char* codec :
+       {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2", "kivi4", "kvquant2",
+        "kvquant3", "kvquant4", "gear2", "gear4", "q8_0", "q4_0", "q4_0-norot", "iq4_nl"}) {
     const std::string name = std::string("DecodeAttention/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();

@@ -119,7 +119,8 @@ void RegisterAll() {
   const char* names[] = {"f32",          "f16",           "bf16",         "fp8_e4m3",
                          "int8-g32-sym", "int4-g32-asym", "int4-g32-sym", "int2-g32-asym",
                          "nuq4-k-o1",    "nuq4-v-o1",     "nuq3-k-o1",    "nuq3-v-o1",
-                         "nuq2-v-o1"};
+                         "nuq2-v-o1",    "q8_0",          "q4_0",         "q4_1",
+                         "q5_0",         "q5_1",          "iq4_nl"};
   // (head_dim, GQA group): Llama-3-8B (128, 4) and Qwen2.5-0.5B (64, 7).
   const std::pair<int64_t, int64_t> shapes[] = {{128, 4}, {64, 7}};
   for (const auto& [dim, group] : shapes) {

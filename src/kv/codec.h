@@ -115,6 +115,12 @@ class KvCodec {
 
   // Bytes one row (one token of one KV head) occupies, scales included.
   virtual size_t RowBytes() const = 0;
+  // llama.cpp's cache types rotate by default (kv/codec_ggml.h): the block
+  // size B of the orthonormal Walsh-Hadamard matrix (Sylvester H_B / sqrt(B),
+  // no signs, on each B consecutive values of a row) the cache applies to K
+  // rows and q (is_v false) or to V rows and, undoing it, to the attention
+  // output (is_v true), before Encode. 0: none.
+  virtual int64_t RotationBlock(bool /*is_v*/) const { return 0; }
   // Bytes of per-(layer, K/V, head) side data (e.g. an fp8 scale) that is not
   // part of any row. Counted once per cache by the planner.
   virtual size_t SideBytes() const { return 0; }

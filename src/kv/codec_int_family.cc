@@ -1,7 +1,7 @@
 // Registry entry of the integer codecs (kv/codec_registry.h): per-token
 // groups (codec_int.cc) and per-channel tiles (codec_channel.cc) share one
-// grammar, int{8,4,2}[-gG|-cG][-sym|-asym]; KIVI is their scheme and
-// llama.cpp's cache types are their aliases.
+// grammar, int{8,4,2}[-gG|-cG][-sym|-asym]; KIVI is their scheme.
+// llama.cpp's cache types (q4_0 ...) are their own family, codec_ggml_family.cc.
 #include <string>
 #include <vector>
 
@@ -96,7 +96,8 @@ const KvCodecFamily& IntCodecFamily() {
       "int",
       "int8|int4|int2[-g32|-g64|-g128|-c32|-c64|-c128][-sym|-asym]",
       "Uniform integer codes with f16 scales (and mins, -asym): per token over groups of G "
-      "channels (-gG, default -g32 -asym; -sym is llama.cpp's q4_0 rule), or per channel over "
+      "channels (-gG, default -g32 -asym; -sym takes llama.cpp's q4_0 scale rule), or per channel "
+      "over "
       "tiles of G tokens (-cG, KIVI's keys).",
       ClaimsInt,
       ParseInt,
@@ -105,18 +106,7 @@ const KvCodecFamily& IntCodecFamily() {
       {"int8", "int8-g128", "int4", "int4-g32-sym", "int4-g128", "int2", "int2-g128", "kivi4",
        "kivi2"},
       {"int8", "int4", "int4+rot", "int2", "int2+rot", "f16/int4", "kivi4", "kivi2"},
-      {{"q8_0", "int8-g32-sym",
-        "llama.cpp q8_0: same group and bytes per value; kvq's symmetric rule maps the "
-        "group's extreme to -128 where llama.cpp divides by 127"},
-       {"q4_0", "int4-g32-sym", "llama.cpp q4_0: the same rounding rule and bits per value"},
-       {"q4_1", "int4-g32-asym", "llama.cpp q4_1: the same rule (scale and min per 32)"},
-       {"q5_0", "int8-g32-sym",
-        "closest kvq codec: kvq has no 5-bit codec yet, so 8.5 bits instead of 5.5"},
-       {"q5_1", "int8-g32-asym",
-        "closest kvq codec: kvq has no 5-bit codec yet, so 9 bits instead of 6"},
-       {"iq4_nl", "int4-g32-sym",
-        "closest kvq codec: 4.5 bits per value like iq4_nl, but uniform levels where "
-        "iq4_nl's 16 are non-uniform"}},
+      {},
       {{"kivi2", "int2-c32-asym-r128", "int2-g32-asym-r128",
         "KIVI (arXiv:2402.02750): K per channel, V per token, group 32, newest 128 in f16"},
        {"kivi4", "int4-c32-asym-r128", "int4-g32-asym-r128", "KIVI at 4 bits"}}};

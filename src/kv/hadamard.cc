@@ -142,7 +142,48 @@ Status RunRef(float* x, int64_t n, int64_t dim, bool inverse) {
   return Status::Ok();
 }
 
+Status CheckBlocks(int64_t n, int64_t dim, int64_t block) {
+  KVQ_RETURN_IF_ERROR(CheckHadamardDim(block));
+  if (n < 0 || dim <= 0 || dim % block != 0) {
+    return Status::Error("Walsh-Hadamard blocks: block " + std::to_string(block) +
+                         " does not divide rows of " + std::to_string(dim) + " (" +
+                         std::to_string(n) + " rows)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status WalshHadamardBlocks(float* x, int64_t n, int64_t dim, int64_t block) {
+  KVQ_RETURN_IF_ERROR(CheckBlocks(n, dim, block));
+  // Consecutive blocks of contiguous rows are rows of `block` values.
+  constexpr int64_t kStackDim = 1024;
+  float stack_ones[kStackDim];
+  std::vector<float> heap_ones(block > kStackDim ? static_cast<size_t>(block) : 0);
+  float* ones = block > kStackDim ? heap_ones.data() : stack_ones;
+  for (int64_t i = 0; i < block; ++i) ones[i] = 1.0f;
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
+  HWY_DYNAMIC_DISPATCH(HadamardImpl)(x, n * (dim / block), block, ones, norm, false);
+  return Status::Ok();
+}
+
+Status WalshHadamardBlocksRef(float* x, int64_t n, int64_t dim, int64_t block) {
+  KVQ_RETURN_IF_ERROR(CheckBlocks(n, dim, block));
+  const double norm = 1.0 / std::sqrt(static_cast<double>(block));
+  std::vector<double> in(static_cast<size_t>(block));
+  for (int64_t r = 0; r < n * (dim / block); ++r) {
+    float* v = x + r * block;
+    for (int64_t i = 0; i < block; ++i) in[i] = v[i];
+    for (int64_t i = 0; i < block; ++i) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < block; ++j) {
+        sum += ((__builtin_popcountll(static_cast<uint64_t>(i & j)) & 1) ? -norm : norm) * in[j];
+      }
+      v[i] = static_cast<float>(sum);
+    }
+  }
+  return Status::Ok();
+}
 
 Status CheckHadamardDim(int64_t dim) {
   if (dim < 1 || dim > (int64_t{1} << 16) || (dim & (dim - 1)) != 0) {

@@ -30,4 +30,13 @@ Status HadamardUnrotate(float* x, int64_t n, int64_t dim);
 Status HadamardRotateRef(float* x, int64_t n, int64_t dim);
 Status HadamardUnrotateRef(float* x, int64_t n, int64_t dim);
 
+// llama.cpp's rotation (its PR 21038; kv/codec_ggml.h says when it applies):
+// each `block` consecutive values of x [n, dim] replaced by H_block ·
+// values / sqrt(block), H the Sylvester matrix without signs (ggml's
+// matrix). Symmetric and orthogonal, so it is its own inverse. block: a
+// power of two dividing dim.
+Status WalshHadamardBlocks(float* x, int64_t n, int64_t dim, int64_t block);
+// Its reference twin: the explicit matrix, accumulating in double.
+Status WalshHadamardBlocksRef(float* x, int64_t n, int64_t dim, int64_t block);
+
 }  // namespace kvq

@@ -49,6 +49,11 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
       return Status::Error("KV cache type '" + spec.k.Name() +
                            "': --kv-rotate does not compose with K stored before RoPE");
     }
+    if (ks.pre_rope && (*k_codec)->RotationBlock(/*is_v=*/false) > 0) {
+      return Status::Error("KV cache type '" + spec.k.Name() +
+                           "': llama.cpp's rotation applies to K after RoPE; store K before "
+                           "RoPE without it (-norot, e.g. q4_0-norot-prerope)");
+    }
     if (ks.pre_rope && static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
       return Status::Error("KV cache type '" + spec.k.Name() +
                            "': storing K before RoPE needs the model's RoPE parameters");

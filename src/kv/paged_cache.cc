@@ -82,6 +82,8 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
       cache->k_codecs_.push_back(std::move(k_codec));
       cache->v_codecs_.push_back(std::move(v_codec));
     }
+    cache->k_rotation_.push_back(cache->k_codecs_.back()->RotationBlock(/*is_v=*/false));
+    cache->v_rotation_.push_back(cache->v_codecs_.back()->RotationBlock(/*is_v=*/true));
     const std::string k_name = cache->k_codecs_.back()->Name();
     const std::string v_name = cache->v_codecs_.back()->Name();
     const std::string name = k_name == v_name ? k_name : "k:" + k_name + "/v:" + v_name;
@@ -141,7 +143,7 @@ Status PagedKvCache::AllocateRunState() {
   }
   const size_t kv_rows = static_cast<size_t>(shape_.num_kv_heads);
   head_rows_.resize(static_cast<size_t>(flush * dim));
-  if (options_.rotate) {
+  if (AnyRotation()) {
     rotated_q_.resize(static_cast<size_t>(shape_.num_heads * dim));
     rotated_k_.resize(kv_rows * static_cast<size_t>(dim));
     rotated_v_.resize(kv_rows * static_cast<size_t>(dim));
@@ -152,6 +154,14 @@ Status PagedKvCache::AllocateRunState() {
     staging_scratch_.due.resize(static_cast<size_t>(flush) * kv_rows * static_cast<size_t>(dim));
   }
   return Status::Ok();
+}
+
+bool PagedKvCache::AnyRotation() const {
+  if (options_.rotate) return true;
+  for (size_t l = 0; l < k_rotation_.size(); ++l) {
+    if (k_rotation_[l] > 0 || v_rotation_[l] > 0) return true;
+  }
+  return false;
 }
 
 PagedKvCache::Sequence* PagedKvCache::Find(SeqId seq) {
@@ -384,12 +394,20 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
   KVQ_RETURN_IF_ERROR(PrepareWrite(*s, start / bt, (start + n - 1) / bt));
   const float* k_stored = Streaming(layer, /*is_v=*/false).pre_rope ? k_pre_rope : k;
   const float* v_stored = v;
-  if (options_.rotate) {  // [n, kv_heads, head_dim] each, in reused buffers
-    const int64_t rows = n * shape_.num_kv_heads;
-    rotated_k_.assign(k_stored, k_stored + rows * shape_.head_dim);
-    rotated_v_.assign(v_stored, v_stored + rows * shape_.head_dim);
-    KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_k_.data(), rows, shape_.head_dim));
-    KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_v_.data(), rows, shape_.head_dim));
+  const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
+  const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
+  if (options_.rotate || k_block > 0 || v_block > 0) {  // [n, kv_heads, head_dim], reused buffers
+    const int64_t rows = n * shape_.num_kv_heads, dim = shape_.head_dim;
+    rotated_k_.assign(k_stored, k_stored + rows * dim);
+    rotated_v_.assign(v_stored, v_stored + rows * dim);
+    if (options_.rotate) {
+      KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_k_.data(), rows, dim));
+      KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_v_.data(), rows, dim));
+    }
+    if (k_block > 0)
+      KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_k_.data(), rows, dim, k_block));
+    if (v_block > 0)
+      KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_v_.data(), rows, dim, v_block));
     k_stored = rotated_k_.data();
     v_stored = rotated_v_.data();
   }
@@ -425,17 +443,28 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
     return Status::Error("attend: " + std::to_string(n) + " queries for " + std::to_string(stored) +
                          " stored tokens of " + SeqName(seq));
   }
-  if (!options_.rotate) {
+  const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
+  const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
+  if (!options_.rotate && k_block == 0 && v_block == 0) {
     AttendTiles(*s, layer, n, q, scale, out);
     return Status::Ok();
   }
-  // H orthogonal: (Hq)·(Hk) = q·k, and sum p (Hv) = H (sum p v), so the output
-  // is unrotated once at the end.
-  const int64_t q_count = n * shape_.num_heads * shape_.head_dim;
-  rotated_q_.assign(q, q + q_count);  // [n, num_heads, head_dim]
-  KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_q_.data(), n * shape_.num_heads, shape_.head_dim));
-  AttendTiles(*s, layer, n, rotated_q_.data(), scale, out);
-  return HadamardUnrotate(out, n * shape_.num_heads, shape_.head_dim);
+  // K holds G_k R k, V holds G_v R v (R: --kv-rotate, G: llama.cpp's blocks;
+  // all orthogonal): q is rotated the same way as K, so scores are
+  // unchanged, and sum p (G_v R v) = G_v R (sum p v) is undone once at the
+  // end (G is its own inverse).
+  const int64_t rows = n * shape_.num_heads, dim = shape_.head_dim;
+  const float* q_stored = q;
+  if (options_.rotate || k_block > 0) {
+    rotated_q_.assign(q, q + rows * dim);  // [n, num_heads, head_dim]
+    if (options_.rotate) KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_q_.data(), rows, dim));
+    if (k_block > 0)
+      KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_q_.data(), rows, dim, k_block));
+    q_stored = rotated_q_.data();
+  }
+  AttendTiles(*s, layer, n, q_stored, scale, out);
+  if (v_block > 0) KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(out, rows, dim, v_block));
+  return options_.rotate ? HadamardUnrotate(out, rows, dim) : Status::Ok();
 }
 
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,

@@ -57,7 +57,8 @@ class PagedKvCache final : public KvCache {
   std::vector<BlockId> BlockTable(SeqId seq) const;
 
   // Decodes what `seq` stores in `layer` through each codec's Decode (the
-  // scalar truth), in the stored domain (rotated when options.rotate).
+  // scalar truth), in the stored domain (rotated when options.rotate or the
+  // codec rotates, KvCodec::RotationBlock).
   // k, v: [Length(seq, layer), num_kv_heads, head_dim]. For tests and studies.
   Status DecodeLayer(SeqId seq, int64_t layer, float* k, float* v) const;
 
@@ -123,9 +124,13 @@ class PagedKvCache final : public KvCache {
   std::vector<std::unique_ptr<KvCodec>> k_codecs_, v_codecs_;
   std::unique_ptr<KvCodec> f16_codec_, f32_codec_;  // staging rows; RoPE'd decoded rows
   bool any_streaming_ = false;
+  bool AnyRotation() const;
   // cos/sin for every position, when some layer keeps K before RoPE.
   std::optional<ops::RopeTable> rope_table_;
   std::vector<char> k_calibrated_, v_calibrated_;
+  // Per layer: llama.cpp's rotation block of its K / V codecs (0 = none;
+  // KvCodec::RotationBlock), applied after --kv-rotate's R.
+  std::vector<int64_t> k_rotation_, v_rotation_;
   std::map<SeqId, Sequence> sequences_;
 
   // Attention scratch of one OpenMP thread (sized in Create for the largest
@@ -139,7 +144,7 @@ class PagedKvCache final : public KvCache {
   mutable std::vector<ThreadScratch> thread_scratch_;  // [num_threads_]
   // Split-K partials: [tasks, max_rows], same, [tasks, max_rows, head_dim].
   mutable std::vector<float> part_max_, part_sum_, part_acc_;
-  mutable std::vector<float> rotated_q_;  // --kv-rotate: q rotated, grown to the largest n
+  mutable std::vector<float> rotated_q_;  // q rotated (R, llama.cpp's), grown to the largest n
   std::vector<float> head_rows_;          // EncodeRows: one KV head's rows
   std::vector<float> rotated_k_, rotated_v_;
   KvStagingScratch staging_scratch_;

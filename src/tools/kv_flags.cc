@@ -24,8 +24,9 @@ size_t TotalRamBytes() {
 void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
   const std::string types = KvCacheTypesSummary();
   const std::string aliases =
-      " (llama.cpp's and vLLM's spellings map to the closest kvq codec: " + KvAliasesSummary() +
-      "; `kvq help cache-types` says how close)";
+      " (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl are llama.cpp's formats byte for byte, with its "
+      "default Hadamard rotation unless -norot; vLLM's spellings: " +
+      KvAliasesSummary() + "; `kvq help cache-types` lists them)";
   cmd.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                  "KV cache type for K and V: " + types + " (default f16)" + aliases);
   cmd.add_option("--cache-type-k", flags->cache_type_k,
@@ -34,7 +35,8 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
                  "KV cache type for V only, also -ctv (default: --kv-cache-dtype)");
   cmd.add_flag("--kv-rotate", flags->rotate,
                "Hadamard-rotate K, q and V per head before encoding (output unrotated); "
-               "needs a power-of-two head_dim (default off)");
+               "needs a power-of-two head_dim (default off; llama.cpp's types also apply "
+               "their own rotation after it)");
   cmd.add_option("--kv-memory", flags->memory,
                  "KV cache budget: bytes with optional suffix (512M, 8G = GiB, 8GB = 10^9) or a "
                  "fraction of RAM like 0.5 (default: one sequence of the full context)");

@@ -105,8 +105,8 @@ TEST(RunState, DecodeStepsAllocateNothing) {
   for (const Case& c :
        {Case{"f16", false}, Case{"f32", false}, Case{"bf16", false}, Case{"fp8_e4m3", false},
         Case{"int8", false}, Case{"int4", false}, Case{"int2-g64-sym", false}, Case{"q4_0", false},
-        Case{"int4", true}, Case{"f16-s4", false}, Case{"int4-g32-asym-r128", false},
-        Case{"kivi2", false}, Case{"kivi4", false}}) {
+        Case{"int4", true}, Case{"q4_0", true}, Case{"iq4_nl-norot", false}, Case{"f16-s4", false},
+        Case{"int4-g32-asym-r128", false}, Case{"kivi2", false}, Case{"kivi4", false}}) {
     EXPECT_EQ(DecodeAllocations(model, c), 0) << c.type << (c.rotate ? "+rot" : "");
   }
 }

@@ -74,9 +74,9 @@ struct Spec {
 std::vector<Spec> AllSpecs(int64_t head_dim, const std::string& calibration) {
   std::vector<std::string> types = AllKvCodecNames(head_dim);
   for (const std::string& t : AllKvStreamingCodecNames(head_dim)) types.push_back(t);
-  for (const char* t : {"fp8", "q8_0", "q4_0", "q4_1", "kivi2", "kivi4", "gear2", "gear4",
-                        "kvquant2", "kvquant3", "kvquant4", "nuq3-k-o2/nuq2-v-o0", "f16/int4",
-                        "gear4-g64-t32-rank2-iter2-out1", "int8-c64-sym-r128"}) {
+  for (const char* t : {"fp8", "q8_0", "q4_0", "q4_1", "q4_0-norot", "kivi2", "kivi4", "gear2",
+                        "gear4", "kvquant2", "kvquant3", "kvquant4", "nuq3-k-o2/nuq2-v-o0",
+                        "f16/int4", "gear4-g64-t32-rank2-iter2-out1", "int8-c64-sym-r128"}) {
     types.push_back(t);
   }
   std::vector<Spec> specs;

@@ -142,6 +142,13 @@ TEST(CodecParseTest, EveryNameRoundTripsWithItsLayout) {
         const bool sym = name.find("-sym") != std::string::npos;
         expected = dim * bits / 8 + (dim / group) * (sym ? 2 : 4);
       }
+      // llama.cpp's blocks: f16 d (+ f16 m), (+ 4 bytes of fifth bits), codes.
+      const std::pair<const char*, size_t> ggml_blocks[] = {
+          {"q8_0", 2 + 32},     {"q4_0", 2 + 16},     {"q4_1", 4 + 16},
+          {"q5_0", 2 + 4 + 16}, {"q5_1", 4 + 4 + 16}, {"iq4_nl", 2 + 16}};
+      for (const auto& [type, block_bytes] : ggml_blocks) {
+        if (name == type) expected = static_cast<size_t>(dim / 32) * block_bytes;
+      }
       EXPECT_EQ(codec->RowBytes(), expected) << name;
       EXPECT_EQ(codec->SideBytes(), IsFp8(name) ? 4u : 0u) << name;
       EXPECT_EQ(codec->NeedsCalibration(), IsFp8(name)) << name;
@@ -151,12 +158,18 @@ TEST(CodecParseTest, EveryNameRoundTripsWithItsLayout) {
 
 TEST(CodecParseTest, DefaultsOptionsInAnyOrderAndAliases) {
   const std::pair<const char*, const char*> cases[] = {
-      {"int4", "int4-g32-asym"},          {"int8", "int8-g32-asym"},
-      {"int2", "int2-g32-asym"},          {"int4-g64", "int4-g64-asym"},
-      {"int4-sym", "int4-g32-sym"},       {"int2-asym-g128", "int2-g128-asym"},
-      {"int8-g128-sym", "int8-g128-sym"}, {"fp8", "fp8_e4m3"},
-      {"q8_0", "int8-g32-sym"},           {"q4_0", "int4-g32-sym"},
-      {"q4_1", "int4-g32-asym"},
+      {"int4", "int4-g32-asym"},
+      {"int8", "int8-g32-asym"},
+      {"int2", "int2-g32-asym"},
+      {"int4-g64", "int4-g64-asym"},
+      {"int4-sym", "int4-g32-sym"},
+      {"int2-asym-g128", "int2-g128-asym"},
+      {"int8-g128-sym", "int8-g128-sym"},
+      {"fp8", "fp8_e4m3"},
+      {"q8_0", "q8_0"},
+      {"q4_0", "q4_0"},
+      {"q4_1", "q4_1"},
+      {"q5_0-norot", "q5_0-norot"},
   };
   for (const auto& [spelled, canonical] : cases) {
     auto codec = MustParse(spelled, 128);

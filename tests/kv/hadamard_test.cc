@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "hwy/highway.h"
@@ -102,6 +103,45 @@ TEST_P(HadamardTest, UnrotateUndoesRotateAndDotProductsSurvive) {
       EXPECT_NEAR(rdot, dot, bound) << dim;
     }
   }
+}
+
+// llama.cpp's blocked, sign-free rotation: fast == explicit matrix on every
+// target (the same butterfly bound per block), and applying it twice gives
+// the input back (H symmetric and orthogonal) within two transforms' error.
+TEST_P(HadamardTest, LlamaCppBlocksMatchTheMatrixAndUndoThemselves) {
+  std::mt19937 rng(21);
+  for (const auto& [dim, block] : {std::pair<int64_t, int64_t>{64, 64},
+                                   {128, 128},
+                                   {128, 64},
+                                   {192, 64},
+                                   {96, 32},
+                                   {256, 256},
+                                   {8, 2}}) {
+    for (int64_t n : {0, 1, 5}) {
+      const std::vector<float> x = Normal(static_cast<size_t>(n * dim), rng);
+      std::vector<float> fast = x, ref = x;
+      ASSERT_TRUE(WalshHadamardBlocks(fast.data(), n, dim, block).ok());
+      ASSERT_TRUE(WalshHadamardBlocksRef(ref.data(), n, dim, block).ok());
+      std::vector<float> back = fast;
+      ASSERT_TRUE(WalshHadamardBlocks(back.data(), n, dim, block).ok());
+      for (int64_t b = 0; b < n * dim / block; ++b) {
+        const double bound = Bound(block, RowNorm(x.data() + b * block, block));
+        for (int64_t i = b * block; i < (b + 1) * block; ++i) {
+          ASSERT_NEAR(fast[i], ref[i], bound) << dim << "/" << block << " at " << i;
+          ASSERT_NEAR(back[i], x[i], 2 * bound) << dim << "/" << block << " at " << i;
+        }
+      }
+    }
+  }
+  // e_0 of a block maps to 1/sqrt(block) on the whole block and nowhere else.
+  std::vector<float> e(128, 0.0f);
+  e[64] = 1.0f;
+  ASSERT_TRUE(WalshHadamardBlocks(e.data(), 1, 128, 64).ok());
+  for (int64_t i = 0; i < 128; ++i) EXPECT_EQ(e[i], i < 64 ? 0.0f : 0.125f) << i;
+  std::vector<float> x(192, 1.0f);
+  EXPECT_FALSE(WalshHadamardBlocks(x.data(), 1, 192, 128).ok());  // does not divide
+  EXPECT_FALSE(WalshHadamardBlocks(x.data(), 1, 192, 48).ok());   // not a power of two
+  EXPECT_FALSE(WalshHadamardBlocksRef(x.data(), -1, 192, 64).ok());
 }
 
 TEST(HadamardSignsTest, FixedMixedAndPrefixConsistent) {

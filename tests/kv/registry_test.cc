@@ -199,18 +199,14 @@ TEST(KvRegistry, UnimplementedWidthsAreErrors) {
 }
 
 TEST(KvRegistry, OtherProjectsSpellingsMapToTheirClosestCodec) {
-  const std::pair<const char*, const char*> expected[] = {{"fp8", "fp8_e4m3"},
-                                                          {"fp8_e4m3", "fp8_e4m3"},
-                                                          {"fp8_e5m2", "fp8_e5m2"},
-                                                          {"auto", "f16"},
-                                                          {"f16", "f16"},
-                                                          {"q8_0", "int8-g32-sym"},
-                                                          {"q4_0", "int4-g32-sym"},
-                                                          {"q4_1", "int4-g32-asym"},
-                                                          {"q5_0", "int8-g32-sym"},
-                                                          {"q5_1", "int8-g32-asym"},
-                                                          {"iq4_nl", "int4-g32-sym"},
-                                                          {"q4_0-r64", "int4-g32-sym-r64"}};
+  const std::pair<const char*, const char*> expected[] = {
+      {"fp8", "fp8_e4m3"},      {"fp8_e4m3", "fp8_e4m3"},
+      {"fp8_e5m2", "fp8_e5m2"}, {"auto", "f16"},
+      {"f16", "f16"},           {"q8_0", "q8_0"},
+      {"q4_0", "q4_0"},         {"q4_1", "q4_1"},
+      {"q5_0", "q5_0"},         {"q5_1", "q5_1"},
+      {"iq4_nl", "iq4_nl"},     {"iq4_nl-norot", "iq4_nl-norot"},
+      {"q4_0-r64", "q4_0-r64"}, {"q4_0-r64-norot", "q4_0-norot-r64"}};
   for (const auto& [alias, canonical] : expected) {
     auto spec = ParseKvCodecSpec(alias);
     ASSERT_TRUE(spec.ok()) << alias << ": " << spec.status().message();
@@ -221,6 +217,12 @@ TEST(KvRegistry, OtherProjectsSpellingsMapToTheirClosestCodec) {
     for (const KvAlias& a : family->aliases) EXPECT_GT(std::string(a.note).size(), 10u) << a.alias;
   }
   EXPECT_NE(KvCacheTypesHelp(false).find("iq4_nl"), std::string::npos);
+  // llama.cpp's names are its formats now, and only -norot is an option.
+  for (const char* bad : {"q4_0-norot-norot", "q4_0-sym", "q4_0-g64", "q6_0", "q4_0-rot"}) {
+    auto spec = ParseKvCodecSpec(bad);
+    ASSERT_FALSE(spec.ok()) << bad;
+    EXPECT_NE(spec.status().message().find(bad), std::string::npos) << spec.status().message();
+  }
 }
 
 // The typed spec in KvCacheOptions is used only while it matches the
@@ -245,7 +247,7 @@ TEST(KvRegistry, OptionsHoldOneParseAndNoticeEditedStrings) {
   ASSERT_TRUE(layers.ok()) << layers.status().message();
   EXPECT_EQ((*layers)[0].v.Name(), "f16");
   EXPECT_EQ((*layers)[1].k.Name(), "int4-g32-asym");
-  EXPECT_EQ((*layers)[2].k.Name(), "int8-g32-sym");
+  EXPECT_EQ((*layers)[2].k.Name(), "q8_0");
   options.policy = "5: f16";
   EXPECT_FALSE(ResolveKvLayerSpecs(options, 3).ok());
   EXPECT_FALSE(ParseKvCacheTypes("f16", "nuq3-k-prerope", "").ok());  // -prerope is for K

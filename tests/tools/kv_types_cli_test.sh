@@ -99,7 +99,7 @@ grep -q '"k_type": "q4_1"' "$WORK/plan.json" && grep -q '"v_type": "iq4_nl"' "$W
   grep -q '"context": 1024' "$WORK/plan.json" ||
   fail "plan -ctk q4_1 -ctv iq4_nl: not the cache types asked for: $(head -c 600 "$WORK/plan.json")"
 "$KVQ" generate --help >"$WORK/help" 2>&1 || fail "generate --help"
-for want in -ctk -ctv q5_0=int8-g32-sym iq4_nl=int4-g32-sym "help cache-types" --nbits; do
+for want in -ctk -ctv fp8=fp8_e4m3 iq4_nl -norot "help cache-types" --nbits; do
   grep -q -- "$want" "$WORK/help" || fail "generate --help lacks '$want'"
 done
 # Hugging Face's KIVI words.

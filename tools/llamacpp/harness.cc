@@ -27,6 +27,14 @@
 //       writes "KVQQUANT", int64 row bytes, the ROWS rows of blocks, then
 //       their ROWS*COLS f32 values decoded by ggml's to_float: a test of
 //       every type, including those no shipped model uses.
+//   harness quantize-input TYPE_ID COLS IN.f32 OUT.bin
+//       quantizes the rows of IN.f32 (little-endian f32, a multiple of COLS
+//       values) twice: with ggml's reference quantizer (the type traits'
+//       from_float_ref) and with the CPU backend's from_float, the one
+//       llama.cpp's cache writer (ggml_set_rows) uses. Writes "KVQQROWS",
+//       int64 row bytes, the reference blocks, the CPU blocks, then the CPU
+//       blocks decoded by ggml's to_float (ROWS*COLS f32): kvq's cache codecs
+//       are compared with both on the same input.
 //   harness dump MODEL.gguf OUT.bin [--threads N] [--f16-cache] [--fa-off] [--names a,b,...]
 //       TOKEN...
 //       runs the tokens as one batch (f32 KV cache unless --f16-cache) and
@@ -73,6 +81,7 @@ int Usage() {
       "       harness greedy MODEL.gguf N [--threads N] [--fa-off] TOKEN...\n"
       "       harness dequant MODEL.gguf OUT.bin NAME FIRST_ROW ROWS...\n"
       "       harness quantize TYPE_ID ROWS COLS OUT.bin\n"
+      "       harness quantize-input TYPE_ID COLS IN.f32 OUT.bin\n"
       "       harness dump MODEL.gguf OUT.bin [--threads N] [--f16-cache] [--fa-off] [--names a,b] "
       "TOKEN...\n"
       "       harness vecdot [ROWS COLS]\n");
@@ -377,6 +386,57 @@ int Quantize(int argc, char** argv) {
   return std::fclose(f) == 0 ? 0 : 1;
 }
 
+int QuantizeInput(int argc, char** argv) {
+  if (argc != 6) return Usage();
+  const int type_id = std::atoi(argv[2]);
+  const int64_t cols = std::atoll(argv[3]);
+  if (type_id < 0 || type_id >= GGML_TYPE_COUNT || cols <= 0) return Usage();
+  const auto type = static_cast<ggml_type>(type_id);
+  const ggml_type_traits* traits = ggml_get_type_traits(type);
+  const ggml_type_traits_cpu* cpu = ggml_get_type_traits_cpu(type);
+  if (traits->to_float == nullptr || traits->from_float_ref == nullptr ||
+      cpu->from_float == nullptr || cols % ggml_blck_size(type) != 0) {
+    std::fprintf(stderr, "harness: cannot quantize %s rows of %lld\n", ggml_type_name(type),
+                 static_cast<long long>(cols));
+    return 1;
+  }
+  FILE* in = std::fopen(argv[4], "rb");
+  if (in == nullptr) {
+    std::fprintf(stderr, "harness: cannot read %s\n", argv[4]);
+    return 1;
+  }
+  std::vector<float> values;
+  float chunk[4096];
+  size_t got;
+  while ((got = std::fread(chunk, sizeof(float), 4096, in)) > 0) {
+    values.insert(values.end(), chunk, chunk + got);
+  }
+  std::fclose(in);
+  if (values.empty() || values.size() % static_cast<size_t>(cols) != 0) {
+    std::fprintf(stderr, "harness: %s holds %zu floats, not rows of %lld\n", argv[4], values.size(),
+                 static_cast<long long>(cols));
+    return 1;
+  }
+  const int64_t rows = static_cast<int64_t>(values.size()) / cols;
+  const int64_t row_bytes = static_cast<int64_t>(ggml_row_size(type, cols));
+  std::vector<uint8_t> ref(static_cast<size_t>(rows * row_bytes));
+  std::vector<uint8_t> blocks(ref.size());
+  std::vector<float> decoded(values.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    traits->from_float_ref(values.data() + r * cols, ref.data() + r * row_bytes, cols);
+    cpu->from_float(values.data() + r * cols, blocks.data() + r * row_bytes, cols);
+    traits->to_float(blocks.data() + r * row_bytes, decoded.data() + r * cols, cols);
+  }
+  FILE* f = std::fopen(argv[5], "wb");
+  if (f == nullptr) return 1;
+  std::fwrite("KVQQROWS", 1, 8, f);
+  std::fwrite(&row_bytes, sizeof(row_bytes), 1, f);
+  std::fwrite(ref.data(), 1, ref.size(), f);
+  std::fwrite(blocks.data(), 1, blocks.size(), f);
+  std::fwrite(decoded.data(), sizeof(float), decoded.size(), f);
+  return std::fclose(f) == 0 ? 0 : 1;
+}
+
 // What the eval callback collects: the tensors asked for (all when empty),
 // in graph order, as raw f32 with their shape.
 struct DumpState {
@@ -552,6 +612,8 @@ int main(int argc, char** argv) {
     rc = Dequant(argc, argv);
   } else if (std::strcmp(argv[1], "quantize") == 0) {
     rc = Quantize(argc, argv);
+  } else if (std::strcmp(argv[1], "quantize-input") == 0) {
+    rc = QuantizeInput(argc, argv);
   } else if (std::strcmp(argv[1], "dump") == 0) {
     rc = Dump(argc, argv);
   } else if (std::strcmp(argv[1], "vecdot") == 0) {

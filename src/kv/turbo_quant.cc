@@ -74,11 +74,11 @@ void PutBits(uint8_t* p, int64_t pos, int width, uint32_t v) {
     if ((v >> b) & 1u) p[pos >> 3] = static_cast<uint8_t>(p[pos >> 3] | (1u << (pos & 7)));
   }
 }
+// Codes are at most 4 bits wide, so one spans at most two bytes; the byte
+// after the last code is the row's norm, so the two-byte read stays inside.
 uint32_t GetBits(const uint8_t* p, int64_t pos, int width) {
-  uint32_t v = 0;
-  for (int b = 0; b < width; ++b, ++pos)
-    v |= static_cast<uint32_t>((p[pos >> 3] >> (pos & 7)) & 1u) << b;
-  return v;
+  const uint32_t two = p[pos >> 3] | (static_cast<uint32_t>(p[(pos >> 3) + 1]) << 8);
+  return (two >> (pos & 7)) & ((1u << width) - 1);
 }
 
 class TurboCodec final : public KvCodec {

@@ -160,6 +160,44 @@ double ScoreBound(const codec::TurboRowParts& r, int64_t dim, double q_norm, dou
          kEps * q_norm * x_norm;
 }
 
+// Values: per head, ||fast - ref||_2 <= (n + m + 2 L + 10) u (P + ||acc0||)
+// + 2 u ||ref||, P = sum_t |p_t| (Y_t + f_t sqrt(m) F) bounding every
+// partial sum in the rotated and sketch domains (tqv adds its rows
+// straight into acc, so each of the n additions rounds against acc0 too).
+void CheckValues(const KvCodec& fast, const KvCodec& ref, const std::vector<uint8_t>& rows,
+                 int64_t n, int64_t group, const std::vector<codec::TurboRowParts>& parts, int kind,
+                 std::mt19937& rng) {
+  const int64_t dim = fast.head_dim(), stride = n + 3;
+  const std::string name = fast.Name();
+  std::vector<float> p(group * stride);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (float& v : p) v = unit(rng);
+  const auto acc0 = Normal(static_cast<size_t>(group * dim), rng);
+  std::vector<float> acc_fast = acc0, acc_ref = acc0;
+  fast.AccumulateV(rows.data(), n, p.data(), group, stride, acc_fast.data());
+  ref.AccumulateV(rows.data(), n, p.data(), group, stride, acc_ref.data());
+  for (int64_t h = 0; h < group; ++h) {
+    double big_p = 0, err = 0, a0 = 0, r2 = 0;
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const auto& r = parts[t];
+      m = r.sketch_rows;
+      big_p += p[h * stride + t] *
+               (r.y_norm + r.sketch_factor * std::sqrt(double(r.sketch_rows)) * r.sketch_frobenius);
+    }
+    for (int64_t i = 0; i < dim; ++i) {
+      const double e = double{acc_fast[h * dim + i]} - acc_ref[h * dim + i];
+      err += e * e;
+      a0 += double{acc0[h * dim + i]} * acc0[h * dim + i];
+      r2 += double{acc_ref[h * dim + i]} * acc_ref[h * dim + i];
+    }
+    const double bound =
+        (n + m + 2 * std::log2(double(dim)) + 10) * kEps * (big_p + std::sqrt(a0)) +
+        2 * kEps * std::sqrt(r2);
+    ASSERT_LE(std::sqrt(err), bound) << name << " dim " << dim << " kind " << kind;
+  }
+}
+
 void CheckKernels(const std::string& name, int64_t dim, int kind, std::mt19937& rng) {
   auto fast = MustParse(name, dim), ref = MustParse(name, dim, CodecPath::kReference);
   ASSERT_TRUE(fast && ref);
@@ -207,38 +245,8 @@ void CheckKernels(const std::string& name, int64_t dim, int kind, std::mt19937& 
         }
         ASSERT_EQ(s_fast[h * stride + n], -7.0f) << name << ": wrote past n";
       }
-      // Values: per head, ||fast - ref||_2 <= (n + m + 2 L + 10) u (P + ||acc0||)
-      // + 2 u ||ref||, P = sum_t |p_t| (Y_t + f_t sqrt(m) F) bounding every
-      // partial sum in the rotated and sketch domains (tqv adds its rows
-      // straight into acc, so each of the n additions rounds against acc0 too).
-      std::vector<float> p(group * stride);
-      std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-      for (float& v : p) v = unit(rng);
-      const auto acc0 = Normal(static_cast<size_t>(group * dim), rng);
-      std::vector<float> acc_fast = acc0, acc_ref = acc0;
-      fast->AccumulateV(rows.data(), n, p.data(), group, stride, acc_fast.data());
-      ref->AccumulateV(rows.data(), n, p.data(), group, stride, acc_ref.data());
-      for (int64_t h = 0; h < group; ++h) {
-        double big_p = 0, err = 0, a0 = 0, r2 = 0;
-        int64_t m = 0;
-        for (int64_t t = 0; t < n; ++t) {
-          const auto& r = parts[t];
-          m = r.sketch_rows;
-          big_p +=
-              p[h * stride + t] *
-              (r.y_norm + r.sketch_factor * std::sqrt(double(r.sketch_rows)) * r.sketch_frobenius);
-        }
-        for (int64_t i = 0; i < dim; ++i) {
-          const double e = double{acc_fast[h * dim + i]} - acc_ref[h * dim + i];
-          err += e * e;
-          a0 += double{acc0[h * dim + i]} * acc0[h * dim + i];
-          r2 += double{acc_ref[h * dim + i]} * acc_ref[h * dim + i];
-        }
-        const double bound =
-            (n + m + 2 * std::log2(double(dim)) + 10) * kEps * (big_p + std::sqrt(a0)) +
-            2 * kEps * std::sqrt(r2);
-        ASSERT_LE(std::sqrt(err), bound) << name << " dim " << dim << " kind " << kind;
-      }
+      CheckValues(*fast, *ref, rows, n, group, parts, kind, rng);
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
 }

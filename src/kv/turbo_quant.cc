@@ -111,14 +111,14 @@ class TurboCodec final : public KvCodec {
   }
 
   void Encode(const float* x, int64_t n, uint8_t* rows) const override {
-    std::vector<double> u(static_cast<size_t>(head_dim_)), y(u.size());  // [head_dim] each
+    double u[kTurboMaxHeadDim], y[kTurboMaxHeadDim];  // on the stack: appends allocate nothing
     for (int64_t t = 0; t < n; ++t) {
       uint8_t* row = rows + t * row_bytes_;
       std::memset(row, 0, row_bytes_);
       if (f_.kind == TurboKind::kUniform) {
         EncodeUniform(x + t * head_dim_, row);
       } else {
-        EncodeRow(x + t * head_dim_, u.data(), y.data(), row);
+        EncodeRow(x + t * head_dim_, u, y, row);
       }
     }
   }

@@ -81,6 +81,26 @@ uint32_t GetBits(const uint8_t* p, int64_t pos, int width) {
   return (two >> (pos & 7)) & ((1u << width) - 1);
 }
 
+// Calls fn(k, code) for `count` codes of one width (count a multiple of 8)
+// packed from byte p: every 8 codes fill `width` whole bytes, so the fused
+// kernels unpack a byte group at a time instead of bit by bit.
+template <class F>
+void ForEachCode(const uint8_t* p, int width, int64_t count, const F& fn) {
+  const uint64_t mask = (uint64_t{1} << width) - 1;
+  for (int64_t k = 0; k < count; k += 8, p += width) {
+    uint64_t bits = 0;
+    for (int b = 0; b < width; ++b) bits |= static_cast<uint64_t>(p[b]) << (8 * b);
+    for (int c = 0; c < 8; ++c) fn(k + c, static_cast<uint32_t>((bits >> (width * c)) & mask));
+  }
+}
+
+// A run of coordinates coded with one width, starting on a byte.
+struct CodeSegment {
+  int64_t first, count;
+  int width;
+  size_t byte;
+};
+
 class TurboCodec final : public KvCodec {
  public:
   TurboCodec(const TurboFormat& f, int64_t dim, CodecPath path) : KvCodec(dim), f_(f), path_(path) {
@@ -275,6 +295,12 @@ class TurboCodec final : public KvCodec {
       pos += bits;
     }
     code_bytes_ = static_cast<size_t>((pos + 7) / 8);
+    for (int64_t i = 0; i < static_cast<int64_t>(bits_.size()); ++i) {
+      if (i == 0 || bits_[i] != bits_[i - 1]) {
+        segments_.push_back({i, 0, bits_[i], static_cast<size_t>(offsets_[i] / 8)});
+      }
+      ++segments_.back().count;
+    }
     if (f_.kind == TurboKind::kUniform || mse10 == 0) return;
     const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     for (int bits : {lo, hi}) {
@@ -308,7 +334,12 @@ class TurboCodec final : public KvCodec {
     if (f_.kind == TurboKind::kUniform) return ExpandUniform(row, out);
     if (y_dim_ > 0) {
       const float norm = HalfAt(row + norm_offset_);
-      for (int64_t i = 0; i < head_dim_; ++i) out[i] = norm * LevelOf(row, i);
+      for (const CodeSegment& g : segments_) {
+        const float* table = levels_[g.width].data();
+        float* o = out + g.first;
+        ForEachCode(row + g.byte, g.width, g.count,
+                    [&](int64_t k, uint32_t code) { o[k] = norm * table[code]; });
+      }
     }
     if (sketch_rows_ > 0) {
       const float factor = static_cast<float>(SketchFactor(row));
@@ -415,10 +446,8 @@ class TurboCodec final : public KvCodec {
 
   void ExpandUniform(const uint8_t* row, float* x) const {
     const float scale = HalfAt(row + norm_offset_), min = HalfAt(row + norm_offset_ + 2);
-    for (int64_t i = 0; i < head_dim_; ++i) {
-      const float u = static_cast<float>(GetBits(row, offsets_[i], bits_[i]));
-      x[i] = u * scale + min;
-    }
+    ForEachCode(row, bits_[0], head_dim_,
+                [&](int64_t i, uint32_t u) { x[i] = static_cast<float>(u) * scale + min; });
   }
 
   TurboFormat f_;
@@ -427,6 +456,7 @@ class TurboCodec final : public KvCodec {
   int64_t sketch_rows_ = 0, y_dim_ = 0, expanded_ = 0;
   std::vector<int> bits_;                       // [head_dim] code width per coordinate
   std::vector<int64_t> offsets_;                // [head_dim] bit offset of each code
+  std::vector<CodeSegment> segments_;           // the same, by runs of one width
   std::vector<std::vector<float>> levels_;      // by width: Lloyd-Max levels / sqrt(d)
   std::vector<std::vector<double>> midpoints_;  // by width
   std::vector<float> signs_;                    // [head_dim] D_seed

@@ -334,6 +334,37 @@ TEST(TurboCodec, MseMatchesLloydMaxAndThePapersBound) {
   }
 }
 
+// tqvB decodes u * scale + min with u the nearest level: within half a step
+// of the input, plus what f16 rounding of the scale (the top level may end
+// 2^-11 * (2^B - 1) steps below max) and of min (2^-11 |min|) move, plus f32
+// rounding of the decode (~1e-6 relative).
+TEST(TurboCodec, UniformValuesWithinHalfAStep) {
+  std::mt19937 rng(6);
+  const int64_t dim = 64, n = 40;
+  const auto x = Normal(static_cast<size_t>(n * dim), rng);
+  for (int bits : {2, 3, 4}) {
+    auto codec = MustParse("tqv" + std::to_string(bits), dim);
+    std::vector<uint8_t> rows(n * codec->RowBytes());
+    codec->Encode(x.data(), n, rows.data());
+    std::vector<float> back(x.size());
+    codec->Decode(rows.data(), n, back.data());
+    const double top = (1 << bits) - 1;
+    for (int64_t t = 0; t < n; ++t) {
+      float lo = x[t * dim], hi = x[t * dim];
+      for (int64_t i = 0; i < dim; ++i) {
+        lo = std::min(lo, x[t * dim + i]);
+        hi = std::max(hi, x[t * dim + i]);
+      }
+      const double step = (double{hi} - lo) / top;
+      for (int64_t i = 0; i < dim; ++i) {
+        const double bound = step * (0.5 + top * 0x1p-10) + 0x1p-11 * std::fabs(lo) +
+                             1e-6 * (std::fabs(hi) + std::fabs(lo));
+        ASSERT_NEAR(back[t * dim + i], x[t * dim + i], bound) << bits << " t " << t << " i " << i;
+      }
+    }
+  }
+}
+
 // -nc: the decoded row has the input's length (up to the f16 norm: 2^-11
 // relative, and f32 rounding of the levels and the unrotation, < 1e-6).
 TEST(TurboCodec, NormCorrectionKeepsTheLength) {

@@ -111,7 +111,7 @@ class TurboCodec final : public KvCodec {
     y_dim_ = f.kind == TurboKind::kQjl ? 0 : dim;
     expanded_ = y_dim_ + sketch_rows_;
     SetUpCodes();
-    for (int64_t i = 0; i < dim; ++i) signs_.push_back(TurboSign(f.seed, i));
+    for (int64_t i = 0; i < dim && rotated_; ++i) signs_.push_back(TurboSign(f.seed, i));
     if (sketch_rows_ > 0) sketch_ = TurboSketch(f.seed, sketch_rows_, dim);
     // Sketch bytes, then the f16 norm (and gamma) after the codes.
     sketch_offset_ = code_bytes_;

@@ -28,8 +28,9 @@
 namespace kvq::codec {
 namespace {
 
-constexpr double kSqrtHalfPi = 1.2533141373155003;      // sqrt(pi / 2)
-constexpr int64_t kChunkRows = 4;                       // rows expanded per kernel call
+constexpr double kSqrtHalfPi = 1.2533141373155003;  // sqrt(pi / 2)
+// Expanded rows per kernel call: as many as fit 16 KiB (16 rows of d = 64).
+constexpr int64_t kExpandFloats = 4096;
 constexpr int64_t kHeadsPerPass = 8;                    // AccumulateV's rotated accumulators
 constexpr int64_t kMaxExpanded = 3 * kTurboMaxHeadDim;  // d + m with m <= 2d
 
@@ -94,6 +95,19 @@ void ForEachCode(const uint8_t* p, int width, int64_t count, const F& fn) {
   }
 }
 
+// +-1 for the 8 sign bits of every byte (bit k set: entry k is -1).
+struct SignTable {
+  float v[256][8];
+};
+constexpr SignTable MakeSignTable() {
+  SignTable t{};
+  for (int b = 0; b < 256; ++b) {
+    for (int k = 0; k < 8; ++k) t.v[b][k] = (b >> k) & 1 ? -1.0f : 1.0f;
+  }
+  return t;
+}
+constexpr SignTable kSignTable = MakeSignTable();
+
 // A run of coordinates coded with one width, starting on a byte.
 struct CodeSegment {
   int64_t first, count;
@@ -110,6 +124,7 @@ class TurboCodec final : public KvCodec {
                                                : 0;
     y_dim_ = f.kind == TurboKind::kQjl ? 0 : dim;
     expanded_ = y_dim_ + sketch_rows_;
+    chunk_rows_ = std::min<int64_t>(16, kExpandFloats / expanded_);
     SetUpCodes();
     for (int64_t i = 0; i < dim && rotated_; ++i) signs_.push_back(TurboSign(f.seed, i));
     if (sketch_rows_ > 0) sketch_ = TurboSketch(f.seed, sketch_rows_, dim);
@@ -183,23 +198,27 @@ class TurboCodec final : public KvCodec {
   void PrepareQuery(const float* q, int64_t group, uint8_t* prepared) const override {
     if (PreparedQueryBytes(group) == 0) return;
     float* out = reinterpret_cast<float*>(prepared);
-    float rotated[kTurboMaxHeadDim];
-    for (int64_t h = 0; h < group; ++h) {
-      const float* qh = q + h * head_dim_;
-      float* oh = out + h * expanded_;
-      const float* src = qh;
+    float rotated[kHeadsPerPass * kTurboMaxHeadDim];  // [heads, head_dim]
+    for (int64_t h0 = 0; h0 < group; h0 += kHeadsPerPass) {
+      const int64_t heads = std::min(kHeadsPerPass, group - h0);
+      const float* qp = q + h0 * head_dim_;
       if (rotated_) {
-        for (int64_t i = 0; i < head_dim_; ++i) rotated[i] = qh[i] * signs_[i];
-        (void)HadamardRotate(rotated, 1, head_dim_);  // head_dim checked at Make
-        std::memcpy(oh, rotated, sizeof(float) * static_cast<size_t>(head_dim_));
-        src = rotated;
+        for (int64_t k = 0; k < heads * head_dim_; ++k) {
+          rotated[k] = qp[k] * signs_[k % head_dim_];
+        }
+        (void)HadamardRotate(rotated, heads, head_dim_);  // head_dim checked at Make
       }
-      float* sq = oh + y_dim_;
-      for (int64_t j = 0; j < sketch_rows_; ++j) {
-        const float* sj = sketch_.data() + j * head_dim_;
-        float sum = 0.0f;
-        for (int64_t i = 0; i < head_dim_; ++i) sum += sj[i] * src[i];
-        sq[j] = sum;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* src = rotated_ ? rotated + h * head_dim_ : qp + h * head_dim_;
+        float* oh = out + (h0 + h) * expanded_;
+        if (y_dim_ > 0) std::memcpy(oh, src, sizeof(float) * static_cast<size_t>(head_dim_));
+        float* sq = oh + y_dim_;
+        for (int64_t j = 0; j < sketch_rows_; ++j) {
+          const float* sj = sketch_.data() + j * head_dim_;
+          float sum = 0.0f;
+          for (int64_t i = 0; i < head_dim_; ++i) sum += sj[i] * src[i];
+          sq[j] = sum;
+        }
       }
     }
   }
@@ -219,9 +238,9 @@ class TurboCodec final : public KvCodec {
     if (path_ == CodecPath::kReference) return Scores(rows, n, q, group, scale, scores, stride);
     const float* query =
         f_.kind == TurboKind::kUniform ? q : reinterpret_cast<const float*>(prepared);
-    alignas(64) float expanded[kChunkRows * kMaxExpanded];  // [rows, expanded_]
-    for (int64_t t0 = 0; t0 < n; t0 += kChunkRows) {
-      const int64_t count = std::min(kChunkRows, n - t0);
+    alignas(64) float expanded[kExpandFloats];  // [chunk_rows_, expanded_]
+    for (int64_t t0 = 0; t0 < n; t0 += chunk_rows_) {
+      const int64_t count = std::min(chunk_rows_, n - t0);
       for (int64_t t = 0; t < count; ++t)
         Expand(rows + (t0 + t) * row_bytes_, expanded + t * expanded_);
       dot_->Scores(reinterpret_cast<const uint8_t*>(expanded), count, query, group, scale,
@@ -234,10 +253,10 @@ class TurboCodec final : public KvCodec {
     if (path_ == CodecPath::kReference) {
       return AccumulateVByDecoding(*this, rows, n, p, group, stride, acc);
     }
-    alignas(64) float expanded[kChunkRows * kMaxExpanded];  // [rows, expanded_]
-    if (f_.kind == TurboKind::kUniform) {                   // rows are values: straight into acc
-      for (int64_t t0 = 0; t0 < n; t0 += kChunkRows) {
-        const int64_t count = std::min(kChunkRows, n - t0);
+    alignas(64) float expanded[kExpandFloats];  // [chunk_rows_, expanded_]
+    if (f_.kind == TurboKind::kUniform) {       // rows are values: straight into acc
+      for (int64_t t0 = 0; t0 < n; t0 += chunk_rows_) {
+        const int64_t count = std::min(chunk_rows_, n - t0);
         for (int64_t t = 0; t < count; ++t)
           ExpandUniform(rows + (t0 + t) * row_bytes_, expanded + t * expanded_);
         dot_->AccumulateV(reinterpret_cast<const uint8_t*>(expanded), count, p + t0, group, stride,
@@ -249,15 +268,14 @@ class TurboCodec final : public KvCodec {
     for (int64_t h0 = 0; h0 < group; h0 += kHeadsPerPass) {
       const int64_t heads = std::min(kHeadsPerPass, group - h0);
       std::fill(domain, domain + heads * expanded_, 0.0f);
-      for (int64_t t0 = 0; t0 < n; t0 += kChunkRows) {
-        const int64_t count = std::min(kChunkRows, n - t0);
+      for (int64_t t0 = 0; t0 < n; t0 += chunk_rows_) {
+        const int64_t count = std::min(chunk_rows_, n - t0);
         for (int64_t t = 0; t < count; ++t)
           Expand(rows + (t0 + t) * row_bytes_, expanded + t * expanded_);
         dot_->AccumulateV(reinterpret_cast<const uint8_t*>(expanded), count, p + h0 * stride + t0,
                           heads, stride, domain);
       }
-      for (int64_t h = 0; h < heads; ++h)
-        MapBack(domain + h * expanded_, acc + (h0 + h) * head_dim_);
+      MapBack(domain, heads, acc + h0 * head_dim_);
     }
   }
 
@@ -344,27 +362,35 @@ class TurboCodec final : public KvCodec {
     if (sketch_rows_ > 0) {
       const float factor = static_cast<float>(SketchFactor(row));
       float* s = out + y_dim_;
-      for (int64_t j = 0; j < sketch_rows_; ++j) {
-        s[j] = (row[sketch_offset_ + (j >> 3)] >> (j & 7)) & 1 ? -factor : factor;
+      const uint8_t* bytes = row + sketch_offset_;
+      for (int64_t j = 0; j < sketch_rows_; j += 8) {
+        const float* signs = kSignTable.v[bytes[j >> 3]];
+        for (int k = 0; k < 8; ++k) s[j + k] = factor * signs[k];
       }
     }
   }
 
-  // acc += R^T (a_y + S^T a_s); a: [expanded_], destroyed.
-  void MapBack(float* a, float* acc) const {
-    float z[kTurboMaxHeadDim];
-    for (int64_t i = 0; i < head_dim_; ++i) z[i] = y_dim_ > 0 ? a[i] : 0.0f;
-    const float* as = a + y_dim_;
-    for (int64_t j = 0; j < sketch_rows_; ++j) {
-      const float w = as[j];
-      const float* sj = sketch_.data() + j * head_dim_;
-      for (int64_t i = 0; i < head_dim_; ++i) z[i] += w * sj[i];
+  // acc[h] += R^T (a_y + S^T a_s) for h < heads (<= kHeadsPerPass); a:
+  // [heads, expanded_]. One unrotation call for all heads of a pass.
+  void MapBack(const float* a, int64_t heads, float* acc) const {
+    float z[kHeadsPerPass * kTurboMaxHeadDim];  // [heads, head_dim]
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* ah = a + h * expanded_;
+      float* zh = z + h * head_dim_;
+      for (int64_t i = 0; i < head_dim_; ++i) zh[i] = y_dim_ > 0 ? ah[i] : 0.0f;
+      for (int64_t j = 0; j < sketch_rows_; ++j) {
+        const float w = ah[y_dim_ + j];
+        const float* sj = sketch_.data() + j * head_dim_;
+        for (int64_t i = 0; i < head_dim_; ++i) zh[i] += w * sj[i];
+      }
     }
-    if (rotated_) {
-      (void)HadamardUnrotate(z, 1, head_dim_);
-      for (int64_t i = 0; i < head_dim_; ++i) z[i] *= signs_[i];
+    if (rotated_) (void)HadamardUnrotate(z, heads, head_dim_);  // head_dim checked at Make
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < head_dim_; ++i) {
+        acc[h * head_dim_ + i] +=
+            rotated_ ? z[h * head_dim_ + i] * signs_[i] : z[h * head_dim_ + i];
+      }
     }
-    for (int64_t i = 0; i < head_dim_; ++i) acc[i] += z[i];
   }
 
   // ---- encoding (one scalar version for both paths, in double) ----
@@ -453,7 +479,7 @@ class TurboCodec final : public KvCodec {
   TurboFormat f_;
   CodecPath path_;
   bool rotated_ = false;
-  int64_t sketch_rows_ = 0, y_dim_ = 0, expanded_ = 0;
+  int64_t sketch_rows_ = 0, y_dim_ = 0, expanded_ = 0, chunk_rows_ = 1;
   std::vector<int> bits_;                       // [head_dim] code width per coordinate
   std::vector<int64_t> offsets_;                // [head_dim] bit offset of each code
   std::vector<CodeSegment> segments_;           // the same, by runs of one width

@@ -484,6 +484,17 @@ TEST(TurboCodec, SchemesBuildCachesWithExactLayoutBytes) {
     auto cache = MakeKvCache(shape, options);
     ASSERT_TRUE(cache.ok()) << c.scheme << ": " << cache.status().message();
   }
+  // Side data per (layer, KV head): qjl's K sketch 64 x 64 f32 (int4 V:
+  // none); tq4-nc's rotation signs (64 f32) and 16 levels (tqv4: none).
+  for (const auto& [scheme, side] : {std::pair<const char*, size_t>{"qjl_k1v4", 64 * 64 * 4},
+                                     {"turboquant_4bit_nc", 64 * 4 + 16 * 4}}) {
+    KvCacheOptions options;
+    options.k_type = options.v_type = scheme;
+    options.max_tokens = 64;
+    auto layout = ComputeKvLayout(shape, options);
+    ASSERT_TRUE(layout.ok());
+    EXPECT_EQ(layout->codec_side_bytes, 2 * 2 * side) << scheme;
+  }
 }
 
 }  // namespace

@@ -166,7 +166,10 @@ void RegisterAll() {
   // search: filling 512 MiB of layers takes minutes on a shared core. These
   // rows cycle through 64 MiB instead (within this machine's L3, so they
   // compare kernel compute, which dominates here anyway; docs/benchmarks.md).
-  for (const char* codec : {"f16", "int4", "kivi2", "kvquant3", "gear2", "gear4"}) {
+  // TurboQuant/QJL encode in double with a d x d sketch per row: here too.
+  for (const char* codec :
+       {"f16", "int4", "kivi2", "kvquant3", "gear2", "gear4", "turboquant_4bit_nc",
+        "turboquant_3bit_nc", "turboquant2.5", "qjl_k1v4"}) {
     const std::string name = std::string("DecodeAttentionL3/") + codec;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();

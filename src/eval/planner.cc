@@ -76,7 +76,7 @@ StatusOr<int> NominalBits(const std::string& codec_name) {
   return static_cast<int>(spec.NominalBits());
 }
 
-double NominalKvBytesPerToken(const KvShape& shape, int k_bits, int v_bits) {
+double NominalKvBytesPerToken(const KvShape& shape, double k_bits, double v_bits) {
   return static_cast<double>(shape.num_layers * shape.num_kv_heads * shape.head_dim) *
          (k_bits + v_bits) / 8.0;
 }
@@ -93,10 +93,9 @@ StatusOr<KvTypePlan> PlanKvType(const KvShape& shape, const KvCacheOptions& opti
   const double tokens = static_cast<double>(plan.layout.block_tokens);
   plan.k_bits = plan.v_bits = 64;
   for (size_t l = 0; l < layers.size(); ++l) {
-    const int k_bits = static_cast<int>(layers[l].k.NominalBits());
-    const int v_bits = static_cast<int>(layers[l].v.NominalBits());
-    plan.k_bits = std::min(plan.k_bits, k_bits);
-    plan.v_bits = std::min(plan.v_bits, v_bits);
+    const double k_bits = layers[l].k.NominalBits(), v_bits = layers[l].v.NominalBits();
+    plan.k_bits = std::min(plan.k_bits, static_cast<int>(k_bits));  // 2.5 bits (tq2.5) shows as 2
+    plan.v_bits = std::min(plan.v_bits, static_cast<int>(v_bits));
     plan.nominal_bytes_per_token +=
         NominalKvBytesPerToken(shape, k_bits, v_bits) / static_cast<double>(shape.num_layers);
     const KvLayerLayout& tiles = plan.layout.layers[l];

@@ -41,7 +41,7 @@ KvShape PlanKvShape(const ModelConfig& config);
 StatusOr<int> NominalBits(const std::string& codec_name);
 
 // Decimal bytes per token as papers quote them: K and V, every layer.
-double NominalKvBytesPerToken(const KvShape& shape, int k_bits, int v_bits);
+double NominalKvBytesPerToken(const KvShape& shape, double k_bits, double v_bits);
 
 struct KvTypePlan {
   std::string k_type, v_type;  // as given

@@ -73,7 +73,8 @@ std::vector<std::string> AvailableCodecs() {
         // streaming: per-channel tiles, residual rings, sinks
         "int2-c32-asym-r64", "int8-c64-sym", "fp8_e4m3-r32", "bf16-s3", "f16-r8-s1",
         // GEAR: base + low-rank residual + sparse outliers per tile
-        "gear2", "gear4-c32-rank2-iter2-out0.5-s2"}) {
+        "gear2", "gear4-c32-rank2-iter2-out0.5-s2", "tq3-nc", "tq2.5-qjl", "qjl",
+        "tqv3"}) {  // TurboQuant, QJL
     if (ParseKvCodec(name, 64).ok()) names.push_back(name);
   }
   return names;

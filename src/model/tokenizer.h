@@ -15,7 +15,8 @@
 // match a split regex, so each maximal run of them becomes its own pre-token
 // and goes through byte-level BPE like any other bytes. Nothing is replaced
 // or dropped, so Decode(Encode(x)) == x holds for every byte string, valid
-// UTF-8 or not.
+// UTF-8 or not, when the vocabulary has a token for every byte (a byte
+// without one is dropped, as llama.cpp does; SmolLM2's vocabulary lacks some).
 //
 // The Hugging Face NFC normalizer (Qwen's tokenizer.json has one) is not
 // applied: llama.cpp does not apply it either, and skipping it keeps the

@@ -181,7 +181,9 @@ TEST(LlamaCppKvTypes, EncodeEqualsTheCacheWriterAndDecodeEqualsToFloat) {
         differing += std::memcmp(&g.ref[b], &g.cpu[b], t.block_bytes) != 0;
       }
     }
-    if (std::string(t.name) != "q8_0") EXPECT_EQ(differing, 0) << "ggml's ref vs CPU writer";
+    if (std::string(t.name) != "q8_0") {
+      EXPECT_EQ(differing, 0) << "ggml's ref vs CPU writer";
+    }
     std::printf("%s: %lld of %zu blocks differ between ggml's reference and CPU quantizers\n",
                 t.name, static_cast<long long>(differing), g.cpu.size() / t.block_bytes);
   }

@@ -29,21 +29,13 @@
 #include "hwy/tests/hwy_gtest.h"
 #include "int_scores_bounds.h"
 #include "kv/codec_formats.h"
+#include "kv/kv_test_util.h"
 
 namespace kvq {
 namespace {
 
-// f32 unit roundoff.
-constexpr double kEps = 1.0 / (1 << 24);
 // Smallest positive f32 subnormal (absolute error of one underflowing op <= half of it).
 constexpr double kTinyAbs = 1.401298464324817e-45;
-
-std::unique_ptr<KvCodec> MustParse(const std::string& name, int64_t dim,
-                                   CodecPath path = CodecPath::kSimd) {
-  auto codec = ParseKvCodec(name, dim, path);
-  EXPECT_TRUE(codec.ok()) << name << " dim " << dim << ": " << codec.status().message();
-  return codec.ok() ? std::move(codec).value() : nullptr;
-}
 
 bool IsFp8(const std::string& name) { return name.rfind("fp8", 0) == 0; }
 
@@ -105,13 +97,6 @@ std::vector<float> MakeRows(RowKind kind, int64_t n, int64_t dim, std::mt19937& 
     }
   }
   return x;
-}
-
-std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& f : v) f = normal(rng);
-  return v;
 }
 
 bool SameBits(float a, float b) {

@@ -8,16 +8,10 @@
 
 #include "base/fp16.h"
 #include "kv/attention_ref.h"
+#include "kv/kv_test_util.h"
 
 namespace kvq {
 namespace {
-
-std::vector<float> RandomVector(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 struct Case {
   int64_t heads, kv_heads, head_dim;
@@ -36,8 +30,8 @@ void CheckAgainstReference(DenseKvType type, const Case& c, uint32_t seed) {
   std::vector<float> all_k, all_v;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int64_t n : c.chunks) {
-    auto k = RandomVector(n * row, rng), v = RandomVector(n * row, rng);
-    auto q = RandomVector(n * c.heads * c.head_dim, rng);
+    auto k = Normal(n * row, rng), v = Normal(n * row, rng);
+    auto q = Normal(n * c.heads * c.head_dim, rng);
     ASSERT_TRUE(cache->Append(0, 0, n, k.data(), k.data(), v.data()).ok());
     for (size_t i = 0; i < k.size(); ++i) {
       const bool f16 = type == DenseKvType::kF16;
@@ -99,7 +93,7 @@ TEST(DenseKvCache, ForkCopiesAndTruncateKeepsAPrefix) {
   const KvShape shape{1, 4, 2, 16};
   auto cache = MakeDenseKvCache(shape, DenseKvType::kF32, 64);
   ASSERT_TRUE(cache->AddSequence(0).ok());
-  auto k = RandomVector(10 * 2 * 16, rng), v = RandomVector(10 * 2 * 16, rng);
+  auto k = Normal(10 * 2 * 16, rng), v = Normal(10 * 2 * 16, rng);
   ASSERT_TRUE(cache->Append(0, 0, 10, k.data(), k.data(), v.data()).ok());
   ASSERT_TRUE(cache->Fork(0, 1).ok());
   EXPECT_FALSE(cache->Fork(0, 1).ok());
@@ -110,7 +104,7 @@ TEST(DenseKvCache, ForkCopiesAndTruncateKeepsAPrefix) {
   ASSERT_TRUE(cache->Truncate(0, 6).ok());
   EXPECT_EQ(cache->Length(0, 0), 6);
   EXPECT_EQ(cache->Length(1, 0), 10);
-  const auto q = RandomVector(4 * 16, rng);
+  const auto q = Normal(4 * 16, rng);
   std::vector<float> out(q.size()), expected(q.size());
   const float scale = 0.25f;
   for (SeqId seq : {0, 1}) {

@@ -17,26 +17,11 @@
 #include "kv/codec_formats.h"
 #include "kv/kv_factory.h"
 #include "kv/kv_policy.h"
+#include "kv/kv_test_util.h"
 #include "kv/paged_cache.h"
 
 namespace kvq {
 namespace {
-
-constexpr double kEps = 0x1p-24;  // f32 unit roundoff
-
-std::unique_ptr<KvCodec> MustParse(const std::string& name, int64_t dim,
-                                   CodecPath path = CodecPath::kSimd) {
-  auto codec = ParseKvCodec(name, dim, path);
-  EXPECT_TRUE(codec.ok()) << name << ": " << codec.status().message();
-  return codec.ok() ? std::move(codec).value() : nullptr;
-}
-
-std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 float RoundF16(float x) { return F16ToF32(F32ToF16(x)); }
 

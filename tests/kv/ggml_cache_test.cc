@@ -19,26 +19,11 @@
 #include "kv/codec.h"
 #include "kv/hadamard.h"
 #include "kv/kv_factory.h"
+#include "kv/kv_test_util.h"
 #include "kv/paged_cache.h"
 
 namespace kvq {
 namespace {
-
-std::vector<float> Normal(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
-double Nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    ref += static_cast<double>(b[i]) * b[i];
-  }
-  return err / std::max(ref, 1e-300);
-}
 
 int64_t Block(const std::string& name, int64_t dim, bool is_v) {
   auto codec = ParseKvCodec(name, dim);

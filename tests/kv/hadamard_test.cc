@@ -11,18 +11,10 @@
 
 #include "hwy/highway.h"
 #include "hwy/tests/hwy_gtest.h"
+#include "kv/kv_test_util.h"
 
 namespace kvq {
 namespace {
-
-constexpr double kEps = 1.0 / (1 << 24);  // f32 unit roundoff
-
-std::vector<float> Normal(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = normal(rng);
-  return v;
-}
 
 double RowNorm(const float* x, int64_t dim) {
   double sum = 0.0;

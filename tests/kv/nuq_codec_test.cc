@@ -19,18 +19,12 @@
 #include "kv/codec.h"
 #include "kv/kv_calibration.h"
 #include "kv/kv_factory.h"
+#include "kv/kv_test_util.h"
 #include "kv/paged_cache.h"
 #include "ops/rope.h"
 
 namespace kvq {
 namespace {
-
-std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 // Keys with fixed outlier channels (3, 17, 40: offset 20) and values in a
 // bounded range (uniform in +-sigma_c around mu_c), plus one spike per row

@@ -15,27 +15,11 @@
 #include "kv/codec_int_scores.h"
 #include "kv/hadamard.h"
 #include "kv/kv_factory.h"
+#include "kv/kv_test_util.h"
 #include "kv/online_softmax.h"
 
 namespace kvq {
 namespace {
-
-std::vector<float> RandomVector(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
-// Normalized mean squared error sum (a - b)^2 / sum b^2.
-double Nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    ref += static_cast<double>(b[i]) * b[i];
-  }
-  return err / std::max(ref, 1e-300);
-}
 
 // Error bounds, all on NMSE of attention outputs with q, k, v ~ N(0, 1) and
 // scale 1/sqrt(head_dim) (so scores ~ N(0, 1) and outputs are O(1)).
@@ -180,7 +164,7 @@ void CheckAttend(const PagedKvCache& cache, const KvShape& shape, SeqId seq, int
   const int64_t total = cache.Length(seq, layer);
   const int64_t row = shape.num_kv_heads * shape.head_dim;
   ASSERT_EQ(static_cast<int64_t>(raw.k[layer].size()), total * row);
-  const auto q = RandomVector(static_cast<size_t>(n * shape.num_heads * shape.head_dim), rng);
+  const auto q = Normal(static_cast<size_t>(n * shape.num_heads * shape.head_dim), rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   std::vector<float> out(q.size()), expected(q.size());
   ASSERT_TRUE(cache.Attend(seq, layer, n, q.data(), scale, out.data()).ok());
@@ -212,7 +196,7 @@ Status AppendRandom(PagedKvCache& cache, const KvShape& shape, SeqId seq, int64_
                     std::mt19937& rng) {
   const size_t count = static_cast<size_t>(n * shape.num_kv_heads * shape.head_dim);
   for (int64_t l = 0; l < shape.num_layers; ++l) {
-    const auto k = RandomVector(count, rng), v = RandomVector(count, rng);
+    const auto k = Normal(count, rng), v = Normal(count, rng);
     KVQ_RETURN_IF_ERROR(cache.Append(seq, l, n, k.data(), k.data(), v.data()));
     raw.k[l].insert(raw.k[l].end(), k.begin(), k.end());
     raw.v[l].insert(raw.v[l].end(), v.begin(), v.end());
@@ -380,7 +364,7 @@ TEST(PagedKvCache, RotatedLossyCodecsMatchReferenceInTheRotatedDomain) {
     for (int64_t n : {45, 1, 20}) {
       ASSERT_TRUE(AppendRandom(*cache, shape, 0, n, raw, rng).ok());
       const int64_t total = cache->Length(0, 0);
-      auto q = RandomVector(static_cast<size_t>(n * 8 * 64), rng);
+      auto q = Normal(static_cast<size_t>(n * 8 * 64), rng);
       std::vector<float> out(q.size()), expected(q.size());
       const float scale = 0.125f;
       ASSERT_TRUE(cache->Attend(0, 0, n, q.data(), scale, out.data()).ok());
@@ -686,9 +670,9 @@ TEST(OnlineSoftmax, SimdMatchesReferenceAndPlainSoftmax) {
   std::mt19937 rng(17);
   for (int64_t dim : {1, 7, 64, 128}) {
     for (int64_t count : {1, 3, 16, 17, 40}) {
-      std::vector<float> scores = RandomVector(static_cast<size_t>(count * 5), rng);
+      std::vector<float> scores = Normal(static_cast<size_t>(count * 5), rng);
       for (float& s : scores) s *= 4.0f;
-      const auto v = RandomVector(static_cast<size_t>(count * 5 * dim), rng);
+      const auto v = Normal(static_cast<size_t>(count * 5 * dim), rng);
       float m = -INFINITY, l = 0, m_ref = -INFINITY, l_ref = 0;
       std::vector<float> acc(dim, 0.0f), acc_ref(dim, 0.0f);
       for (int64_t b = 0; b < 5; ++b) {  // five blocks of `count` scores

@@ -16,18 +16,12 @@
 #include "kv/codec.h"
 #include "kv/kv_factory.h"
 #include "kv/kv_policy.h"
+#include "kv/kv_test_util.h"
 #include "kv/paged_cache.h"
 #include "ops/rope.h"
 
 namespace kvq {
 namespace {
-
-std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 // Keys like real ones: N(0, 1) plus a few channels that are large in every
 // token (the fixed outlier channels KIVI and KVQuant target).

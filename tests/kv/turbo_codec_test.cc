@@ -20,26 +20,11 @@
 #include "kv/codec_registry.h"
 #include "kv/kv_factory.h"
 #include "kv/kv_policy.h"
+#include "kv/kv_test_util.h"
 #include "kv/turbo_quant.h"
 
 namespace kvq {
 namespace {
-
-constexpr double kEps = 0x1p-24;  // f32 unit roundoff
-
-std::unique_ptr<KvCodec> MustParse(const std::string& name, int64_t dim,
-                                   CodecPath path = CodecPath::kSimd) {
-  auto codec = ParseKvCodec(name, dim, path);
-  EXPECT_TRUE(codec.ok()) << name << ": " << codec.status().message();
-  return codec.ok() ? std::move(codec).value() : nullptr;
-}
-
-std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 const char* const kNames[] = {"tq1",     "tq2",       "tq2.5",   "tq3",      "tq3.5",
                               "tq4",     "tq3-nc",    "tq4-nc",  "tq2-qjl",  "tq2.5-qjl",

@@ -2,41 +2,135 @@
 """The table of bench/vs_llamacpp_depth.sh from its output folder (rerunnable on
 partial results: pairs whose files are missing are skipped).
 
-  bench/depth_table.py OUT_DIR PROBE_GB_S MODEL PAIRS
+  bench/depth_table.py OUT_DIR PROBE_GB_S MODEL PAIRS   the script's own call
+  bench/depth_table.py render DIR         DIR/run.json names the model and pairs;
+                                          the floor uses the fastest probe in DIR/probe.txt
+  bench/depth_table.py embed DOC ROOT NAME
+                                          DOC's <!-- depth:NAME begin/end --> block := render ROOT/NAME
+  bench/depth_table.py check DOC ROOT     every depth block of DOC equals render ROOT/NAME
+  bench/depth_table.py --self-test ROOT   check fails on a stale block
+
+A run that ships (docs/bench/...) keeps its raw files, so the tables quoted in
+docs/benchmarks.md are generated from them and tests/CMakeLists.txt's
+benchmarks_doc_test keeps them equal.
 """
-import json, os, re, sys
-out, probe, model = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-pairs = [tuple(p.split(":")) for p in sys.argv[4].split(",")]
-print(f"\nmodel: {model}")
-print("\n| kvq KV | llama.cpp KV | test | llama.cpp t/s | kvq t/s | kvq / llama.cpp | kvq floor t/s | kvq / floor |")
-print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-for ours, theirs in pairs:
-    files = [f"{out}/llama_{theirs}.json", f"{out}/kvq_{ours}.md", f"{out}/plan_{ours}.json"]
-    if not all(os.path.exists(f) and os.path.getsize(f) > 0 for f in files):
-        print(f"| {ours} | {theirs} | (not measured: missing or empty result files) | | | | | |")
-        continue
-    llama = {}
-    for row in json.load(open(f"{out}/llama_{theirs}.json")):
-        test = ("pp%d" % row["n_prompt"]) if row["n_gen"] == 0 else ("tg%d" % row["n_gen"])
-        llama[(test, row.get("n_depth", 0))] = row["avg_ts"]
-    kvq = {}
-    for line in open(f"{out}/kvq_{ours}.md"):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        m = re.match(r"((?:pp|tg)\d+)(?: @ d(\d+))?$", cells[6]) if len(cells) == 8 else None
-        if m:
-            kvq[(m.group(1), int(m.group(2) or 0))] = float(cells[7].split("±")[0])
-    plan = json.load(open(f"{out}/plan_{ours}.json"))["plan"]
-    bpt = plan["kv_bytes"] / plan["context"]  # exact bytes per cached token, all layers
-    weights = plan["weight_bytes"]            # every weight byte is read once per decoded token
-    for key in sorted(llama):
-        if key not in kvq:
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+
+def table(out, probe, model, pairs):
+    lines = [f"model: {model}, read probe {probe:.1f} GB/s", "",
+             "| kvq KV | llama.cpp KV | test | llama.cpp t/s | kvq t/s | kvq / llama.cpp "
+             "| kvq floor t/s | kvq / floor |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for ours, theirs in pairs:
+        files = [f"{out}/llama_{theirs}.json", f"{out}/kvq_{ours}.md", f"{out}/plan_{ours}.json"]
+        if not all(os.path.exists(f) and os.path.getsize(f) > 0 for f in files):
+            lines.append(f"| {ours} | {theirs} | (not measured: missing or empty result files) "
+                         "| | | | | |")
             continue
-        test, depth = key
-        floor = ""
-        if test.startswith("tg") and bpt:
-            t = probe * 1e9 / (weights + bpt * (depth + 1))
-            floor = f"{t:.1f} | {kvq[key] / t:.2f}"
-        else:
-            floor = "- | -"
-        print(f"| {ours} | {theirs} | {test} @ d{depth} | {llama[key]:.2f} | {kvq[key]:.2f} | "
-              f"{kvq[key] / llama[key]:.2f} | {floor} |")
+        llama = {}
+        for row in json.load(open(f"{out}/llama_{theirs}.json")):
+            test = ("pp%d" % row["n_prompt"]) if row["n_gen"] == 0 else ("tg%d" % row["n_gen"])
+            llama[(test, row.get("n_depth", 0))] = row["avg_ts"]
+        kvq = {}
+        for line in open(f"{out}/kvq_{ours}.md"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            m = re.match(r"((?:pp|tg)\d+)(?: @ d(\d+))?$", cells[6]) if len(cells) == 8 else None
+            if m:
+                kvq[(m.group(1), int(m.group(2) or 0))] = float(cells[7].split("±")[0])
+        plan = json.load(open(f"{out}/plan_{ours}.json"))["plan"]
+        bpt = plan["kv_bytes"] / plan["context"]  # exact bytes per cached token, all layers
+        weights = plan["weight_bytes"]            # every weight byte is read once per decoded token
+        for key in sorted(llama):
+            if key not in kvq:
+                continue
+            test, depth = key
+            if test.startswith("tg") and bpt:
+                t = probe * 1e9 / (weights + bpt * (depth + 1))
+                floor = f"{t:.1f} | {kvq[key] / t:.2f}"
+            else:
+                floor = "- | -"
+            lines.append(f"| {ours} | {theirs} | {test} @ d{depth} | {llama[key]:.2f} | "
+                         f"{kvq[key]:.2f} | {kvq[key] / llama[key]:.2f} | {floor} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(run_dir):
+    run = json.load(open(os.path.join(run_dir, "run.json")))
+    probes = [float(x) for x in open(os.path.join(run_dir, "probe.txt")).read().split()]
+    pairs = [tuple(p.split(":")) for p in run["pairs"].split(",")]
+    return table(run_dir, max(probes), run["model"], pairs)
+
+
+def blocks(text):
+    return re.finditer(r"<!-- depth:(\S+) begin -->\n(.*?)<!-- depth:\1 end -->", text, re.S)
+
+
+def embed(doc, root, name):
+    text = open(doc).read()
+    begin, end = f"<!-- depth:{name} begin -->\n", f"<!-- depth:{name} end -->"
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        sys.exit(f"depth_table: {doc} has no {begin.strip()} ... {end} block")
+    with open(doc, "w") as f:
+        f.write(text[:i + len(begin)] + render(os.path.join(root, name)) + text[j:])
+
+
+def check(doc, root):
+    text = open(doc).read()
+    found = 0
+    for m in blocks(text):
+        found += 1
+        want = render(os.path.join(root, m.group(1)))
+        if m.group(2) != want:
+            print(f"depth_table: {doc}: block {m.group(1)} is stale; regenerate with\n"
+                  f"  bench/depth_table.py embed {doc} {root} {m.group(1)}")
+            return 1
+    print(f"depth_table: {found} generated blocks of {doc} match their data")
+    return 0
+
+
+def self_test(root):
+    """check must pass on the shipped doc and fail once a figure is changed."""
+    runs = [d for d in sorted(os.listdir(root)) if os.path.exists(os.path.join(root, d, "run.json"))]
+    if not runs:
+        sys.exit(f"depth_table: no runs under {root}")
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = os.path.join(tmp, "doc.md")
+        with open(doc, "w") as f:
+            f.write(f"x\n<!-- depth:{runs[0]} begin -->\n<!-- depth:{runs[0]} end -->\n")
+        embed(doc, root, runs[0])
+        if check(doc, root) != 0:
+            sys.exit("depth_table self-test: a freshly embedded block does not check")
+        stale = re.sub(r"\| (\d+\.\d\d) \|", lambda m: f"| {float(m.group(1)) + 1:.2f} |",
+                       open(doc).read(), count=1)
+        open(doc, "w").write(stale)
+        if check(doc, root) == 0:
+            sys.exit("depth_table self-test: a changed figure was not caught")
+    print("depth_table self-test: ok")
+    return 0
+
+
+def main(argv):
+    if argv[:1] == ["render"]:
+        sys.stdout.write(render(argv[1]))
+    elif argv[:1] == ["embed"]:
+        embed(argv[1], argv[2], argv[3])
+    elif argv[:1] == ["check"]:
+        return check(argv[1], argv[2])
+    elif argv[:1] == ["--self-test"]:
+        return self_test(argv[1])
+    else:
+        out, probe, model = argv[0], float(argv[1]), argv[2]
+        print()
+        sys.stdout.write(table(out, probe, model, [tuple(p.split(":")) for p in argv[3].split(",")]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -37,8 +37,8 @@ struct LayerShape {
   int64_t heads, kv_heads, head_dim;
   double rope_theta;
 };
-constexpr LayerShape kQwen05{14, 2, 64, 1e6};   // Qwen2.5-0.5B (docs/models.md)
-constexpr LayerShape kSmolLM2{9, 3, 64, 1e5};   // SmolLM2-135M
+constexpr LayerShape kQwen05{14, 2, 64, 1e6};  // Qwen2.5-0.5B (docs/models.md)
+constexpr LayerShape kSmolLM2{9, 3, 64, 1e5};  // SmolLM2-135M
 // Bytes of distinct cache layers each benchmark cycles through (beyond the
 // caches), unless its third argument (MiB) says otherwise.
 constexpr int64_t kRotateMiB = 512;
@@ -163,8 +163,8 @@ void RegisterAll() {
        {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2", "kivi4", "kvquant2",
         "kvquant3", "kvquant4", "gear2", "gear4", "q8_0", "q4_0", "q4_0-norot", "iq4_nl"}) {
     const std::string name = std::string("DecodeAttention/") + codec;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec),
-                                           kQwen05);
+    auto* b =
+        benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec), kQwen05);
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
     for (int threads : {1, 2}) {
       for (int64_t context : {1024, 4096, 16384, 32768}) {
@@ -181,8 +181,8 @@ void RegisterAll() {
        {"f16", "int4", "kivi2", "kvquant3", "gear2", "gear4", "turboquant_4bit_nc",
         "turboquant_3bit_nc", "turboquant2.5", "qjl_k1v4"}) {
     const std::string name = std::string("DecodeAttentionL3/") + codec;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec),
-                                           kQwen05);
+    auto* b =
+        benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec), kQwen05);
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
     for (int64_t context : {4096, 16384}) b->Args({context, 1, 64, 16});
   }
@@ -193,10 +193,9 @@ void RegisterAll() {
   // filling 512 MiB take minutes.
   for (const auto& [shape_name, layer_shape] :
        {std::pair{"qwen2.5-0.5b", kQwen05}, std::pair{"smollm2-135m", kSmolLM2}}) {
-    for (const char* codec :
-         {"f16", "int8", "int4", "kivi2", "kivi4", "turboquant_k8v4", "turboquant_4bit_nc",
-          "turboquant_k3v4_nc", "turboquant_3bit_nc", "turboquant2.5", "turboquant3.5",
-          "qjl_k1v4"}) {
+    for (const char* codec : {"f16", "int8", "int4", "kivi2", "kivi4", "turboquant_k8v4",
+                              "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+                              "turboquant2.5", "turboquant3.5", "qjl_k1v4"}) {
       const std::string name = std::string("Decode16K/") + shape_name + "/" + codec;
       auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec),
                                              layer_shape);

@@ -1,7 +1,8 @@
 // Decode attention of one layer over the paged, encoded cache, per codec and
 // context, in GB/s of cache bytes read, next to a read-bandwidth probe.
 //
-// Shape: Qwen2.5-0.5B (14 query heads, 2 KV heads, head_dim 64). Decode
+// Shape: Qwen2.5-0.5B (14 query heads, 2 KV heads, head_dim 64; the
+// Decode16K rows also SmolLM2-135M's 9 / 3 / 64). Decode
 // attention is memory-bound, so what matters is the fraction of the probe's
 // bandwidth it reaches. Each iteration attends one query token over the next
 // layer of a cache that holds >= 512 MiB in total (more than this machine's
@@ -31,7 +32,13 @@
 namespace kvq {
 namespace {
 
-constexpr int64_t kHeads = 14, kKvHeads = 2, kHeadDim = 64;
+// A decoder layer's attention shape.
+struct LayerShape {
+  int64_t heads, kv_heads, head_dim;
+  double rope_theta;
+};
+constexpr LayerShape kQwen05{14, 2, 64, 1e6};  // Qwen2.5-0.5B (docs/models.md)
+constexpr LayerShape kSmolLM2{9, 3, 64, 1e5};  // SmolLM2-135M
 // Bytes of distinct cache layers each benchmark cycles through (beyond the
 // caches), unless its third argument (MiB) says otherwise.
 constexpr int64_t kRotateMiB = 512;
@@ -65,7 +72,9 @@ StatusOr<std::string> SyntheticCalibration(const KvShape& shape) {
   return path;
 }
 
-void BM_DecodeAttention(benchmark::State& state, std::string codec) {
+void BM_DecodeAttention(benchmark::State& state, std::string codec, LayerShape layer_shape) {
+  const int64_t heads = layer_shape.heads, kv_heads = layer_shape.kv_heads;
+  const int64_t head_dim = layer_shape.head_dim;
   const int64_t context = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   const int64_t rotate_bytes = state.range(2) << 20;
@@ -74,11 +83,11 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   options.k_type = options.v_type = codec;
   options.max_tokens = context;
   options.num_threads = threads;
-  KvShape shape{1, kHeads, kKvHeads, kHeadDim};
-  // Qwen2.5's RoPE (theta 1e6), for the caches that store K before RoPE.
-  for (int64_t i = 0; i < kHeadDim / 2; ++i) {
-    shape.rope_inv_freq.push_back(
-        static_cast<float>(std::pow(1e6, -2.0 * static_cast<double>(i) / kHeadDim)));
+  KvShape shape{1, heads, kv_heads, head_dim};
+  // The model's RoPE, for the caches that store K before RoPE.
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    shape.rope_inv_freq.push_back(static_cast<float>(
+        std::pow(layer_shape.rope_theta, -2.0 * static_cast<double>(i) / head_dim)));
   }
   auto one_layer = ComputeKvLayout(shape, options);
   if (!one_layer.ok()) {
@@ -87,7 +96,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   }
   // Bytes one decode step of one layer reads: every stored row, K and V.
   const int64_t bytes =
-      context * kKvHeads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
+      context * kv_heads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
   shape.num_layers = std::clamp<int64_t>((rotate_bytes + bytes - 1) / bytes, 1, 4096);
   if (codec.rfind("kvquant", 0) == 0) {
     auto calibration = SyntheticCalibration(shape);
@@ -107,7 +116,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t chunk = 512;
-  std::vector<float> kv(static_cast<size_t>(chunk * kKvHeads * kHeadDim));  // [chunk, kv, dim]
+  std::vector<float> kv(static_cast<size_t>(chunk * kv_heads * head_dim));  // [chunk, kv, dim]
   for (float& x : kv) x = normal(rng);
   for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
     for (int64_t filled = 0; filled < context; filled += chunk) {
@@ -119,7 +128,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec) {
       }
     }
   }
-  std::vector<float> q(static_cast<size_t>(kHeads * kHeadDim)), out(q.size());  // [heads, dim]
+  std::vector<float> q(static_cast<size_t>(heads * head_dim)), out(q.size());  // [heads, dim]
   for (float& x : q) x = normal(rng);
   const float scale = 0.125f;
   const int64_t probe_words = std::max(rotate_bytes, 2 * bytes) / 8;
@@ -154,7 +163,8 @@ void RegisterAll() {
        {"f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int2", "kivi2", "kivi4", "kvquant2",
         "kvquant3", "kvquant4", "gear2", "gear4", "q8_0", "q4_0", "q4_0-norot", "iq4_nl"}) {
     const std::string name = std::string("DecodeAttention/") + codec;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
+    auto* b =
+        benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec), kQwen05);
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
     for (int threads : {1, 2}) {
       for (int64_t context : {1024, 4096, 16384, 32768}) {
@@ -171,9 +181,27 @@ void RegisterAll() {
        {"f16", "int4", "kivi2", "kvquant3", "gear2", "gear4", "turboquant_4bit_nc",
         "turboquant_3bit_nc", "turboquant2.5", "qjl_k1v4"}) {
     const std::string name = std::string("DecodeAttentionL3/") + codec;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec));
+    auto* b =
+        benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec), kQwen05);
     b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
     for (int64_t context : {4096, 16384}) b->Args({context, 1, 64, 16});
+  }
+  // Issues 19 and 20: every scheme's fused kernel at 16K beside f16 and
+  // int4, on both real models' layer shapes, 1 and 2 threads, the default
+  // 16-token blocks. 64 MiB of layers (twice this machine's 32 MiB L3, so
+  // reads come from DRAM) for every codec alike: the QJL sketches make
+  // filling 512 MiB take minutes.
+  for (const auto& [shape_name, layer_shape] :
+       {std::pair{"qwen2.5-0.5b", kQwen05}, std::pair{"smollm2-135m", kSmolLM2}}) {
+    for (const char* codec : {"f16", "int8", "int4", "kivi2", "kivi4", "turboquant_k8v4",
+                              "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+                              "turboquant2.5", "turboquant3.5", "qjl_k1v4"}) {
+      const std::string name = std::string("Decode16K/") + shape_name + "/" + codec;
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec),
+                                             layer_shape);
+      b->ArgNames({"ctx", "threads", "rotate_mib", "block"})->UseManualTime();
+      for (int threads : {1, 2}) b->Args({16384, threads, 64, 16});
+    }
   }
 }
 

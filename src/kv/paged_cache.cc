@@ -30,10 +30,28 @@ constexpr int64_t kMinTokensPerSplit = 256;
 // accumulator cost as much for one 16-token block as for 256 tokens, and at
 // 16 tokens they cost about as much as the scores themselves.
 constexpr int64_t kChunkTokens = 256;
+// Tokens ahead of the one being scored whose K and V tiles are prefetched.
+// One 16-token block ahead was less than a DRAM round trip of compute on a
+// fast kernel (16 rows of f16 scores take ~0.2 us), so reads still stalled.
+constexpr int64_t kPrefetchTokens = 64;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::string SeqName(SeqId seq) { return "sequence " + std::to_string(seq); }
+
+// Parts each (query tile, KV head) task's tokens are split into (split-K)
+// when there are too few tasks to keep every thread busy: the fewest that
+// make the task count a multiple of the threads, or at least twice it. A
+// decode step has one task per KV head, so SmolLM2's 3 KV heads on 2
+// threads become 6 equal parts (3 each) instead of 3 tasks, one thread
+// doing two of them while the other waits. Fewer than 2 * threads + base
+// tasks result (AllocateRunState sizes the partial buffers for that).
+int64_t SplitsFor(int64_t base_tasks, int64_t threads, int64_t tokens) {
+  if (threads <= 1 || base_tasks >= 2 * threads || base_tasks % threads == 0) return 1;
+  int64_t splits = 1;
+  while ((base_tasks * splits) % threads != 0 && base_tasks * splits < 2 * threads) ++splits;
+  return std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, tokens / kMinTokensPerSplit));
+}
 
 }  // namespace
 
@@ -131,8 +149,8 @@ Status PagedKvCache::AllocateRunState() {
     ts.block.resize(static_cast<size_t>(ScratchFloats(max_rows_)));
     ts.prepared.resize(prepared_bytes);
   }
-  // Split-K runs fewer than 2 * threads tasks (AttendTiles).
-  const size_t part_rows = 2 * static_cast<size_t>(std::max(1, num_threads_)) * rows;
+  // Split-K runs fewer than 4 * threads tasks (SplitsFor: base tasks < 2 * threads).
+  const size_t part_rows = 4 * static_cast<size_t>(std::max(1, num_threads_)) * rows;
   part_max_.resize(part_rows);
   part_sum_.resize(part_rows);
   part_acc_.resize(part_rows * static_cast<size_t>(dim));
@@ -475,18 +493,14 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
   const int64_t tile_queries = std::clamp<int64_t>(kTargetRows / group, 1, n);
   const int64_t num_tiles = (n + tile_queries - 1) / tile_queries;
   const int64_t base_tasks = num_tiles * kv_heads;
-  int64_t splits = 1;
-  if (base_tasks < num_threads_) {
-    splits = std::clamp<int64_t>((num_threads_ + base_tasks - 1) / base_tasks, 1,
-                                 std::max<int64_t>(1, total / kMinTokensPerSplit));
-  }
+  const int64_t splits = SplitsFor(base_tasks, num_threads_, total);
   const int64_t num_tasks = base_tasks * splits;
   const int64_t max_rows = tile_queries * group;
   const int64_t chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);
   const int64_t chunk = chunk_blocks * bt;  // tokens per softmax step
   // Split-K partial results, merged below: running max, sum and unnormalized
   // accumulator per task and row (buffers sized in AllocateRunState: fewer
-  // than 2 * threads tasks when there are splits).
+  // than 4 * threads tasks when there are splits).
   float* part_max = part_max_.data();  // [tasks, max_rows]
   float* part_sum = part_sum_.data();  // [tasks, max_rows]
   float* part_acc = part_acc_.data();  // [tasks, max_rows, dim]
@@ -523,12 +537,14 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
       std::fill_n(row_max, rows, kNegInf);
       std::fill_n(row_sum, rows, 0.0f);
       std::fill_n(acc, rows * dim, 0.0f);
+      const int64_t ahead = std::max<int64_t>(1, kPrefetchTokens / bt);
+      for (int64_t b = b0; b < std::min(b1, b0 + ahead); ++b) PrefetchBlock(s, layer, g, b);
       for (int64_t c0 = b0; c0 < b1; c0 += chunk_blocks) {
         const int64_t c1 = std::min(b1, c0 + chunk_blocks);
         const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
         for (int64_t b = c0; b < c1; ++b) {
           const int64_t t0 = b * bt;
-          if (b + 1 < b1) PrefetchBlock(s, layer, g, b + 1);
+          if (b + ahead < b1) PrefetchBlock(s, layer, g, b + ahead);
           BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows, prepared, rows,
                       scale, &probs[t0 - t_begin], chunk, scratch);
         }

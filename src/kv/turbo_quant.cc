@@ -6,10 +6,11 @@
 // signs (+-1) and f = norm * gamma * sqrt(pi/2) / m.
 //
 // Fused kernels: the query is prepared once per attention call as
-// [R q | S R q] per head (kQjl: [S q]); each row is expanded into the
-// matching f32 vector [y | f s] in a small stack buffer and the f32
-// codec's SIMD kernels (runtime dispatch, codec_float.cc) do the dots, so
-// q . x^ = (R q) . y + f (S R q) . s is computed without unrotating rows.
+// [R q | S R q] per head (kQjl: [S q]); the SIMD kernels
+// (kv/turbo_kernels.cc, runtime dispatch) read each row as the matching f32
+// vector [y | f s], decoded a register at a time by table lookups of the
+// levels, so q . x^ = (R q) . y + f (S R q) . s is computed without
+// unrotating rows or storing an expanded copy.
 // Values accumulate in the rotated (and sketch) domain per call and are
 // mapped back once per call: acc += R^T (a_y + S^T a_s).
 // The reference path decodes each row in double (Decode, the same on both
@@ -28,9 +29,7 @@
 namespace kvq::codec {
 namespace {
 
-constexpr double kSqrtHalfPi = 1.2533141373155003;  // sqrt(pi / 2)
-// Expanded rows per kernel call: as many as fit 16 KiB (16 rows of d = 64).
-constexpr int64_t kExpandFloats = 4096;
+constexpr double kSqrtHalfPi = 1.2533141373155003;      // sqrt(pi / 2)
 constexpr int64_t kHeadsPerPass = 8;                    // AccumulateV's rotated accumulators
 constexpr int64_t kMaxExpanded = 3 * kTurboMaxHeadDim;  // d + m with m <= 2d
 
@@ -124,7 +123,6 @@ class TurboCodec final : public KvCodec {
                                                : 0;
     y_dim_ = f.kind == TurboKind::kQjl ? 0 : dim;
     expanded_ = y_dim_ + sketch_rows_;
-    chunk_rows_ = std::min<int64_t>(16, kExpandFloats / expanded_);
     SetUpCodes();
     for (int64_t i = 0; i < dim && rotated_; ++i) signs_.push_back(TurboSign(f.seed, i));
     if (sketch_rows_ > 0) sketch_ = TurboSketch(f.seed, sketch_rows_, dim);
@@ -133,7 +131,7 @@ class TurboCodec final : public KvCodec {
     norm_offset_ = sketch_offset_ + static_cast<size_t>(sketch_rows_ / 8);
     const size_t tail = f.kind == TurboKind::kMse || f.kind == TurboKind::kQjl ? 2 : 4;
     row_bytes_ = (norm_offset_ + tail + 3) / 4 * 4;
-    dot_ = MakeFloatCodec(FloatKind::kF32, expanded_, CodecPath::kSimd);
+    SetUpLayout();
   }
 
   std::string FormatName() const override { return f_.Name(); }
@@ -238,14 +236,7 @@ class TurboCodec final : public KvCodec {
     if (path_ == CodecPath::kReference) return Scores(rows, n, q, group, scale, scores, stride);
     const float* query =
         f_.kind == TurboKind::kUniform ? q : reinterpret_cast<const float*>(prepared);
-    alignas(64) float expanded[kExpandFloats];  // [chunk_rows_, expanded_]
-    for (int64_t t0 = 0; t0 < n; t0 += chunk_rows_) {
-      const int64_t count = std::min(chunk_rows_, n - t0);
-      for (int64_t t = 0; t < count; ++t)
-        Expand(rows + (t0 + t) * row_bytes_, expanded + t * expanded_);
-      dot_->Scores(reinterpret_cast<const uint8_t*>(expanded), count, query, group, scale,
-                   scores + t0, stride);
-    }
+    TurboScores(layout_, rows, n, query, group, scale, scores, stride);
   }
 
   void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
@@ -253,30 +244,26 @@ class TurboCodec final : public KvCodec {
     if (path_ == CodecPath::kReference) {
       return AccumulateVByDecoding(*this, rows, n, p, group, stride, acc);
     }
-    alignas(64) float expanded[kExpandFloats];  // [chunk_rows_, expanded_]
-    if (f_.kind == TurboKind::kUniform) {       // rows are values: straight into acc
-      for (int64_t t0 = 0; t0 < n; t0 += chunk_rows_) {
-        const int64_t count = std::min(chunk_rows_, n - t0);
-        for (int64_t t = 0; t < count; ++t)
-          ExpandUniform(rows + (t0 + t) * row_bytes_, expanded + t * expanded_);
-        dot_->AccumulateV(reinterpret_cast<const uint8_t*>(expanded), count, p + t0, group, stride,
-                          acc);
-      }
-      return;
+    if (f_.kind == TurboKind::kUniform) {  // rows are values: straight into acc
+      return TurboAccumulate(layout_, rows, n, p, group, stride, acc);
     }
     alignas(64) float domain[kHeadsPerPass * kMaxExpanded];  // [heads, expanded_]
     for (int64_t h0 = 0; h0 < group; h0 += kHeadsPerPass) {
       const int64_t heads = std::min(kHeadsPerPass, group - h0);
       std::fill(domain, domain + heads * expanded_, 0.0f);
-      for (int64_t t0 = 0; t0 < n; t0 += chunk_rows_) {
-        const int64_t count = std::min(chunk_rows_, n - t0);
-        for (int64_t t = 0; t < count; ++t)
-          Expand(rows + (t0 + t) * row_bytes_, expanded + t * expanded_);
-        dot_->AccumulateV(reinterpret_cast<const uint8_t*>(expanded), count, p + h0 * stride + t0,
-                          heads, stride, domain);
-      }
+      TurboAccumulate(layout_, rows, n, p + h0 * stride, heads, stride, domain);
       MapBack(domain, heads, acc + h0 * head_dim_);
     }
+  }
+
+  std::vector<float> ExpandRows(const uint8_t* rows, int64_t n, bool simd) const {
+    std::vector<float> out(static_cast<size_t>(n * expanded_));
+    if (simd) {
+      TurboDecodeExpanded(layout_, rows, n, out.data());
+    } else {
+      for (int64_t t = 0; t < n; ++t) Expand(rows + t * row_bytes_, out.data() + t * expanded_);
+    }
+    return out;
   }
 
   TurboRowParts Parts(const uint8_t* row) const {
@@ -330,6 +317,34 @@ class TurboCodec final : public KvCodec {
         midpoints_[bits].push_back(0.5 *
                                    (static_cast<double>(levels_[bits][j]) + levels_[bits][j + 1]));
       }
+    }
+  }
+
+  // The SIMD kernels' view of the same layout (kv/turbo_kernels.cc).
+  void SetUpLayout() {
+    TurboKernelLayout& L = layout_;
+    L.head_dim = head_dim_;
+    L.y_dim = y_dim_;
+    L.expanded = expanded_;
+    L.sketch_rows = sketch_rows_;
+    L.row_bytes = row_bytes_;
+    L.sketch_offset = sketch_offset_;
+    L.norm_offset = norm_offset_;
+    L.uniform = f_.kind == TurboKind::kUniform;
+    L.has_gamma = f_.kind == TurboKind::kProd;
+    L.num_segments = static_cast<int>(segments_.size());
+    L.min_segment = y_dim_ > 0 ? y_dim_ : sketch_rows_;
+    for (size_t s = 0; s < segments_.size() && s < 2; ++s) {
+      L.seg_first[s] = segments_[s].first;
+      L.seg_width[s] = segments_[s].width;
+      L.seg_byte[s] = segments_[s].byte;
+      L.min_segment = std::min(L.min_segment, segments_[s].count);
+    }
+    for (int w = 1; w <= 4; ++w) {
+      if (levels_[w].empty()) continue;
+      levels16_[w] = levels_[w];
+      levels16_[w].resize(16, levels_[w].back());
+      L.levels[w] = levels16_[w].data();
     }
   }
 
@@ -472,14 +487,15 @@ class TurboCodec final : public KvCodec {
 
   void ExpandUniform(const uint8_t* row, float* x) const {
     const float scale = HalfAt(row + norm_offset_), min = HalfAt(row + norm_offset_ + 2);
+    // One rounding (fma), as the SIMD kernels' fused multiply-add.
     ForEachCode(row, bits_[0], head_dim_,
-                [&](int64_t i, uint32_t u) { x[i] = static_cast<float>(u) * scale + min; });
+                [&](int64_t i, uint32_t u) { x[i] = std::fma(static_cast<float>(u), scale, min); });
   }
 
   TurboFormat f_;
   CodecPath path_;
   bool rotated_ = false;
-  int64_t sketch_rows_ = 0, y_dim_ = 0, expanded_ = 0, chunk_rows_ = 1;
+  int64_t sketch_rows_ = 0, y_dim_ = 0, expanded_ = 0;
   std::vector<int> bits_;                       // [head_dim] code width per coordinate
   std::vector<int64_t> offsets_;                // [head_dim] bit offset of each code
   std::vector<CodeSegment> segments_;           // the same, by runs of one width
@@ -488,7 +504,8 @@ class TurboCodec final : public KvCodec {
   std::vector<float> signs_;                    // [head_dim] D_seed
   std::vector<float> sketch_;                   // [sketch_rows, head_dim]
   size_t code_bytes_ = 0, sketch_offset_ = 0, norm_offset_ = 0, row_bytes_ = 0;
-  std::unique_ptr<KvCodec> dot_;  // f32 rows of expanded_ values (SIMD kernels)
+  std::vector<float> levels16_[5];  // by width: levels_ padded to 16 (SIMD table lookups)
+  TurboKernelLayout layout_;
 };
 
 }  // namespace
@@ -566,6 +583,13 @@ StatusOr<TurboRowParts> TurboDecodeParts(const KvCodec& codec, const uint8_t* ro
   const auto* turbo = dynamic_cast<const TurboCodec*>(&codec);
   if (turbo == nullptr) return Status::Error(codec.Name() + " is not a TurboQuant/QJL codec");
   return turbo->Parts(row);
+}
+
+StatusOr<std::vector<float>> TurboExpandRows(const KvCodec& codec, const uint8_t* rows, int64_t n,
+                                             bool simd) {
+  const auto* turbo = dynamic_cast<const TurboCodec*>(&codec);
+  if (turbo == nullptr) return Status::Error(codec.Name() + " is not a TurboQuant/QJL codec");
+  return turbo->ExpandRows(rows, n, simd);
 }
 
 StatusOr<std::unique_ptr<KvCodec>> MakeTurboCodec(const TurboFormat& format, int64_t head_dim,

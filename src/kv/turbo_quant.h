@@ -79,5 +79,33 @@ struct TurboRowParts {
   bool rotated = false;
 };
 StatusOr<TurboRowParts> TurboDecodeParts(const KvCodec& codec, const uint8_t* row);
+// Test hook: n rows as the fused kernels read them, [n, expanded] f32 values
+// [y | f s] (kUniform: the row's values), from the scalar expansion
+// (simd false) or the SIMD kernels' decoding (the dispatched target); the
+// two must agree bit for bit. Error if `codec` is not one of these codecs.
+StatusOr<std::vector<float>> TurboExpandRows(const KvCodec& codec, const uint8_t* rows, int64_t n,
+                                             bool simd);
+
+// What the SIMD kernels (kv/turbo_kernels.cc) need to read a row as its
+// expanded f32 vector [y | f s] (kUniform: its values): the code runs of one
+// width, the byte offsets, and each width's levels padded to 16 floats.
+struct TurboKernelLayout {
+  int64_t head_dim = 0, y_dim = 0, expanded = 0, sketch_rows = 0;
+  size_t row_bytes = 0, sketch_offset = 0, norm_offset = 0;
+  bool uniform = false, has_gamma = false;
+  int num_segments = 0;  // runs of one code width: 1 or 2
+  int64_t seg_first[2] = {0, 0};
+  int seg_width[2] = {0, 0};
+  size_t seg_byte[2] = {0, 0};
+  int64_t min_segment = 0;      // shortest run (codes) or y_dim
+  const float* levels[5] = {};  // by width: 16 floats (Lloyd-Max levels / sqrt(d))
+};
+// Runtime-dispatched kernels over rows of that layout. q: [group, expanded]
+// (the prepared query); acc: [group, expanded]; x: [n, expanded].
+void TurboDecodeExpanded(const TurboKernelLayout& layout, const uint8_t* rows, int64_t n, float* x);
+void TurboScores(const TurboKernelLayout& layout, const uint8_t* rows, int64_t n, const float* q,
+                 int64_t group, float scale, float* scores, int64_t stride);
+void TurboAccumulate(const TurboKernelLayout& layout, const uint8_t* rows, int64_t n,
+                     const float* p, int64_t group, int64_t stride, float* acc);
 
 }  // namespace kvq::codec

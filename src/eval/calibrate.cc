@@ -130,7 +130,7 @@ class CaptureCache final : public KvCache {
   std::unique_ptr<KvCache> inner_;
   KvShape shape_;
   std::vector<std::vector<float>> k_, v_;
-  std::vector<float> k_amax_, v_amax_;  // [layers] over every appended row
+  std::vector<float> k_amax_, v_amax_;           // [layers] over every appended row
   std::vector<double> mean_cos2_, mean_sincos_;  // [context, head_dim / 2]
   // Attend is const in the interface; the statistics are this wrapper's own.
   mutable std::vector<double> weight_sum_;    // [layers, kv_heads, head_dim]

@@ -106,9 +106,7 @@ StatusOr<LayerNames> Layers(const KvExportInput& in) {
   return out;
 }
 
-Json Header(const KvExportInput& in) {
-  return Json{{"model", in.model}, {"command", in.command}};
-}
+Json Header(const KvExportInput& in) { return Json{{"model", in.model}, {"command", in.command}}; }
 
 }  // namespace
 
@@ -135,8 +133,9 @@ StatusOr<std::string> HfCacheExportJson(const KvExportInput& in) {
   } else if (k.value["nbits"] != v.value["nbits"] ||
              k.value["q_group_size"] != v.value["q_group_size"] ||
              k.value["residual_length"] != v.value["residual_length"]) {
-    note = "K and V differ in nbits, q_group_size or residual_length, which QuantizedCacheConfig "
-           "shares between them";
+    note =
+        "K and V differ in nbits, q_group_size or residual_length, which QuantizedCacheConfig "
+        "shares between them";
     exact = false;
   } else {
     config = Json{{"backend", "quanto"},
@@ -146,24 +145,26 @@ StatusOr<std::string> HfCacheExportJson(const KvExportInput& in) {
                   {"q_group_size", k.value["q_group_size"]},
                   {"residual_length", k.value["residual_length"]}};
     if (!names.uniform) {
-      note = "transformers applies one cache config to every layer; the policy is per layer, so "
-             "this is its most frequent layer types";
+      note =
+          "transformers applies one cache config to every layer; the policy is per layer, so "
+          "this is its most frequent layer types";
     } else if (!exact) {
-      note = "close, not exact: kvq's int codecs keep the newest tokens by their own residual "
-             "rule (quanto* names are HF's rule; kv/codec_quanto.cc lists the differences)";
+      note =
+          "close, not exact: kvq's int codecs keep the newest tokens by their own residual "
+          "rule (quanto* names are HF's rule; kv/codec_quanto.cc lists the differences)";
     } else {
-      note = "HF's quanto grouping, rounding and residual rule (kv/codec_quanto.cc lists what "
-             "differs in storage precision and prompt handling)";
+      note =
+          "HF's quanto grouping, rounding and residual rule (kv/codec_quanto.cc lists what "
+          "differs in storage precision and prompt handling)";
     }
   }
-  Json j{{"cache_config", config}, {"exact", exact},        {"note", note},
-         {"kv_policy", in.policy}, {"k_type", in.k_type},    {"v_type", in.v_type},
+  Json j{{"cache_config", config}, {"exact", exact},      {"note", note},
+         {"kv_policy", in.policy}, {"k_type", in.k_type}, {"v_type", in.v_type},
          {"layers", layers},       {"source", Header(in)}};
   return j.dump(2) + "\n";
 }
 
-StatusOr<std::string> VllmCacheExportJson(const KvExportInput& in,
-                                          const std::string& scales_file) {
+StatusOr<std::string> VllmCacheExportJson(const KvExportInput& in, const std::string& scales_file) {
   KVQ_ASSIGN_OR_RETURN(const LayerNames names, Layers(in));
   Json layers = Json::array();
   bool exact = names.uniform;
@@ -185,8 +186,9 @@ StatusOr<std::string> VllmCacheExportJson(const KvExportInput& in,
     exact = false;
   } else {
     dtype = k.value;
-    note = names.uniform ? "" : "vLLM applies one --kv-cache-dtype to every layer; the policy "
-                                "is per layer, so this is its most frequent layer types";
+    note = names.uniform ? ""
+                         : "vLLM applies one --kv-cache-dtype to every layer; the policy "
+                           "is per layer, so this is its most frequent layer types";
     if (names.common.first == "fp8_e4m3-tcal" || names.common.second == "fp8_e4m3-tcal") {
       if (scales_file.empty()) {
         exact = false;
@@ -195,10 +197,11 @@ StatusOr<std::string> VllmCacheExportJson(const KvExportInput& in,
       }
     }
   }
-  Json j{{"kv_cache_dtype", dtype},   {"calculate_kv_scales", false}, {"exact", exact},
-         {"note", note},              {"kv_policy", in.policy},        {"k_type", in.k_type},
-         {"v_type", in.v_type},       {"scales_file", scales_file},    {"layers", layers},
-         {"source", Header(in)}};
+  Json j{{"kv_cache_dtype", dtype}, {"calculate_kv_scales", false},
+         {"exact", exact},          {"note", note},
+         {"kv_policy", in.policy},  {"k_type", in.k_type},
+         {"v_type", in.v_type},     {"scales_file", scales_file},
+         {"layers", layers},        {"source", Header(in)}};
   return j.dump(2) + "\n";
 }
 

@@ -206,8 +206,7 @@ const KvCodecFamily& QuantoCodecFamily() {
       {{"hf-quanto-int4", "quanto4-g64-res128", "quanto4-g64-res128",
         "transformers QuantizedCacheConfig(backend='quanto') defaults: nbits 4, axis_key 0, "
         "axis_value 0, q_group_size 64, residual_length 128"},
-       {"hf-quanto-int2", "quanto2-g64-res128", "quanto2-g64-res128",
-        "the same with nbits 2"},
+       {"hf-quanto-int2", "quanto2-g64-res128", "quanto2-g64-res128", "the same with nbits 2"},
        {"hf-quanto-int4-kc", "quanto4-c64-res128", "quanto4-g64-res128",
         "nbits 4 with axis_key -1 (keys per channel over 64-token groups, KIVI-like)"},
        {"hf-quanto-int2-kc", "quanto2-c64-res128", "quanto2-g64-res128",

@@ -56,16 +56,17 @@ TEST(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
   // A file as kvq calibrate wrote it before version 2.
   SafetensorsWriter old;
   old.SetMetadata("format", "kvq-kvquant-calibration/1");
-  for (const char* key : {"num_layers", "num_heads", "num_kv_heads", "head_dim", "tokens",
-                          "outlier_percent"}) {
+  for (const char* key :
+       {"num_layers", "num_heads", "num_kv_heads", "head_dim", "tokens", "outlier_percent"}) {
     const std::string k = key;
     const int64_t v = k == "num_layers" || k == "num_heads" ? 2 : k == "head_dim" ? 32 : 1;
     old.SetMetadata(k, std::to_string(v));
   }
   old.SetMetadata("bits", "2");
-  ASSERT_TRUE(old.AddTensor("k.channel_offset", DType::kF32, {2, 1, 32}, c.k_offset.data(), 256)
-                  .ok());
-  ASSERT_TRUE(old.AddTensor("k.channel_scale", DType::kF32, {2, 1, 32}, c.k_scale.data(), 256).ok());
+  ASSERT_TRUE(
+      old.AddTensor("k.channel_offset", DType::kF32, {2, 1, 32}, c.k_offset.data(), 256).ok());
+  ASSERT_TRUE(
+      old.AddTensor("k.channel_scale", DType::kF32, {2, 1, 32}, c.k_scale.data(), 256).ok());
   ASSERT_TRUE(
       old.AddTensor("nuq2.k.levels", DType::kF32, {2, 4}, c.codebooks.at(2).k.data(), 32).ok());
   ASSERT_TRUE(

@@ -239,8 +239,8 @@ TEST(HfQuanto, NamesSchemesAndStreaming) {
   EXPECT_EQ(channel->streaming().tile_tokens, 64);
   EXPECT_EQ(channel->streaming().flush_tokens, 128);
   EXPECT_EQ(MustParse("quanto4-g64-res0", 64)->streaming().flush_tokens, 1);
-  for (const char* bad : {"quanto8", "quanto4-g64-r16", "quanto4-c64-res100", "quanto4-g48",
-                          "quanto4-foo"}) {
+  for (const char* bad :
+       {"quanto8", "quanto4-g64-r16", "quanto4-c64-res100", "quanto4-g48", "quanto4-foo"}) {
     EXPECT_FALSE(ParseKvCodec(bad, 64).ok()) << bad;
   }
   EXPECT_FALSE(ParseKvCodec("quanto4-g128", 64).ok()) << "a group larger than head_dim";

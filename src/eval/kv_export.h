@@ -8,8 +8,10 @@
 //         (or generate(..., cache_implementation="quantized",
 //         cache_config=j["cache_config"])) loads it.
 // Each export also carries the kvq --kv-policy it came from, one entry per
-// layer (kvq's K and V types and what they map to) and `exact`: whether the
-// other stack stores exactly that, layer for layer. transformers and vLLM
+// layer (kvq's K and V types and what they map to) and `exact`: whether
+// every layer uses the kvq types defined as that very configuration (the
+// quanto* names, vLLM's names); the small numeric differences those names
+// keep are listed where they are defined (kv/codec_quanto.cc, codec_vllm.cc). transformers and vLLM
 // take one cache type for every layer; a per-layer policy that is not
 // uniform is exported as its most frequent layer's types, with exact false
 // and a note saying so.

@@ -617,7 +617,7 @@ const KvCodecFamily& VllmCodecFamily() {
       ParseVllm,
       [](int64_t) { return std::vector<std::string>{}; },
       VllmSamples,
-      {"int8_per_token_head", "int4_per_token_head"},
+      {},
       {},
       {},
       {}};

@@ -21,6 +21,8 @@ class CaptureCache final : public KvCache {
     const int64_t dim = shape.head_dim, half = dim / 2;
     k_.resize(static_cast<size_t>(shape.num_layers));
     v_.resize(static_cast<size_t>(shape.num_layers));
+    k_amax_.assign(static_cast<size_t>(shape.num_layers), 0.0f);
+    v_amax_.assign(static_cast<size_t>(shape.num_layers), 0.0f);
     weight_sum_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads * dim), 0.0);
     weight_count_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads), 0.0);
     // Means over delta = 0..i of cos^2, sin*cos of theta_p * delta: [context, half].
@@ -51,6 +53,14 @@ class CaptureCache final : public KvCache {
   Status Append(SeqId seq, int64_t layer, int64_t n, const float* k_pre_rope, const float* k,
                 const float* v) override {
     const int64_t row = shape_.num_kv_heads * shape_.head_dim;
+    // vLLM's per-tensor fp8 scales see every token as the cache stores it
+    // (post-RoPE K, V, position 0 included), as llm-compressor's observer does.
+    float& k_amax = k_amax_[static_cast<size_t>(layer)];
+    float& v_amax = v_amax_[static_cast<size_t>(layer)];
+    for (int64_t i = 0; i < n * row; ++i) {
+      k_amax = std::fmax(k_amax, std::fabs(k[i]));  // fmax: a NaN does not win
+      v_amax = std::fmax(v_amax, std::fabs(v[i]));
+    }
     const int64_t start = inner_->Length(seq, layer);
     // Position 0 stays in f16 in the schemes (sink): not calibrated.
     const int64_t skip = start == 0 ? 1 : 0;
@@ -71,6 +81,8 @@ class CaptureCache final : public KvCache {
 
   // [num_layers][rows * kv_heads * head_dim] as captured (position 0 skipped).
   const std::vector<std::vector<float>>& k() const { return k_; }
+  const std::vector<float>& k_amax() const { return k_amax_; }
+  const std::vector<float>& v_amax() const { return v_amax_; }
   const std::vector<std::vector<float>>& v() const { return v_; }
   // Mean sensitivity of each (KV head, channel) of `layer`: [kv_heads, head_dim].
   std::vector<float> KeyWeights(int64_t layer) const {
@@ -118,6 +130,7 @@ class CaptureCache final : public KvCache {
   std::unique_ptr<KvCache> inner_;
   KvShape shape_;
   std::vector<std::vector<float>> k_, v_;
+  std::vector<float> k_amax_, v_amax_;           // [layers] over every appended row
   std::vector<double> mean_cos2_, mean_sincos_;  // [context, head_dim / 2]
   // Attend is const in the interface; the statistics are this wrapper's own.
   mutable std::vector<double> weight_sum_;    // [layers, kv_heads, head_dim]
@@ -236,6 +249,10 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
   c.qnorm = options.qnorm;
   c.model = model.path;
   c.method = options.fisher_path.empty() ? options.weights : "fisher";
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    c.fp8_k_scale.push_back(Fp8E4M3TensorScale(cache.k_amax()[static_cast<size_t>(l)]));
+    c.fp8_v_scale.push_back(Fp8E4M3TensorScale(cache.v_amax()[static_cast<size_t>(l)]));
+  }
   std::vector<std::vector<float>> k_fisher, v_fisher;
   if (!options.fisher_path.empty()) {
     KVQ_ASSIGN_OR_RETURN(auto fisher, SafetensorsFile::Open(options.fisher_path));

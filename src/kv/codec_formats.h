@@ -150,6 +150,18 @@ uint8_t NuqNearestRef(const float* midpoints, int64_t levels, float y);
 void NuqPackRef(int bits, int64_t i, uint8_t u, uint8_t* codes);
 uint8_t NuqUnpackRef(int bits, int64_t i, const uint8_t* codes);
 
+// ---- vLLM's formats (codec_vllm.cc) ----
+// vLLM's int4_per_token_head rotation: D's diagonal (+-1, from mt19937
+// seeded 0x9E3779B9 as torch.bernoulli(0.5) draws them) and the unnormalized
+// Sylvester Hadamard transform in place (its butterfly order), dim a power of two.
+std::vector<float> VllmRhtSigns(int64_t dim);
+void VllmHadamard(float* x, int64_t dim);
+// name: a vLLM format name (fp8_e4m3-t1, int8_per_token_head, ...).
+StatusOr<std::unique_ptr<KvCodec>> MakeVllmCodec(const std::string& name, int64_t head_dim,
+                                                 CodecPath path);
+// The per-tensor scale a vLLM fp8 codec uses (1, or the calibration's).
+StatusOr<float> VllmCodecTensorScale(const KvCodec& codec);
+
 // ---- reference fused kernels ----
 // Scores / AccumulateV as codec.h defines them, computed by decoding each row
 // with codec.Decode and accumulating in double: the scalar truth.

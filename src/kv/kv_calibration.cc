@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
+#include "base/fp16.h"
 #include "io/safetensors.h"
 #include "kv/codec_formats.h"
 
@@ -51,10 +53,64 @@ std::string MetaString(const std::map<std::string, std::string>& meta, const std
   return it == meta.end() ? "" : it->second;
 }
 
+Status CheckFp8Scales(const std::vector<float>& scales, const std::string& what) {
+  for (size_t l = 0; l < scales.size(); ++l) {
+    if (!std::isfinite(scales[l]) || !(scales[l] > 0.0f)) {
+      return Status::Error(what + " of layer " + std::to_string(l) + " is " +
+                           std::to_string(scales[l]) +
+                           ": an fp8 scale must be finite and > 0 (x is stored as x / scale)");
+    }
+  }
+  return Status::Ok();
+}
+
+// One F32 (or F16/BF16) scalar, shape [] or [1], as checkpoints store k_scale.
+StatusOr<float> ReadScalar(const TensorRef& t) {
+  if (t.NumElements() != 1) {
+    return Status::Error("tensor '" + t.name + "' has shape " + ShapeString(t.shape) +
+                         "; a per-tensor KV scale has one element");
+  }
+  if (t.dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, t.data, sizeof v);
+    return v;
+  }
+  uint16_t bits;
+  if (t.dtype == DType::kF16 || t.dtype == DType::kBF16) std::memcpy(&bits, t.data, sizeof bits);
+  if (t.dtype == DType::kF16) return F16ToF32(bits);
+  if (t.dtype == DType::kBF16) return Bf16ToF32(bits);
+  return Status::Error("tensor '" + t.name + "' is " + DTypeName(t.dtype) +
+                       "; a KV scale must be F32, F16 or BF16");
+}
+
+// A vLLM KV-scale file: model.layers.N.self_attn.{k,v}_scale for N = 0..L-1.
+Status LoadVllmScales(const SafetensorsFile& file, KvCalibration* c) {
+  c->scales_only = true;
+  for (int64_t l = 0;; ++l) {
+    const TensorRef* k = file.Find(VllmKvScaleName(l, false));
+    const TensorRef* v = file.Find(VllmKvScaleName(l, true));
+    if (k == nullptr && v == nullptr) break;
+    if (k == nullptr || v == nullptr) {
+      return Status::Error("vLLM KV-scale file lacks '" + VllmKvScaleName(l, k != nullptr) + "'");
+    }
+    KVQ_ASSIGN_OR_RETURN(const float ks, ReadScalar(*k));
+    KVQ_ASSIGN_OR_RETURN(const float vs, ReadScalar(*v));
+    c->fp8_k_scale.push_back(ks);
+    c->fp8_v_scale.push_back(vs);
+  }
+  c->num_layers = static_cast<int64_t>(c->fp8_k_scale.size());
+  KVQ_RETURN_IF_ERROR(CheckFp8Scales(c->fp8_k_scale, "k_scale"));
+  return CheckFp8Scales(c->fp8_v_scale, "v_scale");
+}
+
 Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
   const auto& meta = file.metadata();
   const std::string format = MetaString(meta, "format");
-  if (format != kKvCalibrationFormat) {
+  if (format != kKvCalibrationFormat && format != kKvCalibrationFormatV1 &&
+      file.Find(VllmKvScaleName(0, false)) != nullptr) {
+    return LoadVllmScales(file, c);
+  }
+  if (format != kKvCalibrationFormat && format != kKvCalibrationFormatV1) {
     return Status::Error("not a kvq calibration file (metadata format '" + format +
                          "', expected '" + kKvCalibrationFormat +
                          "'; make one with kvq calibrate)");
@@ -104,10 +160,25 @@ Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
     c->codebooks[bits] = std::move(books);
   }
   if (c->codebooks.empty()) return Status::Error("calibration file has no codebooks (bits)");
-  return Status::Ok();
+  // Version 1 files have no fp8 scales; version 2 ones may lack them too.
+  if (format == kKvCalibrationFormatV1 || file.Find("fp8.k_scale") == nullptr) return Status::Ok();
+  const std::vector<int64_t> layers{c->num_layers};
+  KVQ_ASSIGN_OR_RETURN(c->fp8_k_scale, ReadF32(file, "fp8.k_scale", layers));
+  KVQ_ASSIGN_OR_RETURN(c->fp8_v_scale, ReadF32(file, "fp8.v_scale", layers));
+  KVQ_RETURN_IF_ERROR(CheckFp8Scales(c->fp8_k_scale, "calibration tensor 'fp8.k_scale'"));
+  return CheckFp8Scales(c->fp8_v_scale, "calibration tensor 'fp8.v_scale'");
 }
 
 }  // namespace
+
+std::string VllmKvScaleName(int64_t layer, bool is_v) {
+  return "model.layers." + std::to_string(layer) + ".self_attn." + (is_v ? "v_scale" : "k_scale");
+}
+
+float Fp8E4M3TensorScale(float amax) {
+  const float scale = amax / 448.0f;
+  return scale == 0.0f ? std::numeric_limits<float>::epsilon() : scale;
+}
 
 std::string KvCalibration::BitsList() const {
   std::string list;
@@ -124,6 +195,10 @@ Status KvCalibration::CheckShape(const KvShape& shape) const {
                   std::to_string(file_value) + " (model " + std::to_string(model_value) + ")";
   };
   check("num_layers", num_layers, shape.num_layers);
+  if (scales_only) {
+    if (mismatches.empty()) return Status::Ok();
+    return Status::Error("vLLM KV-scale file '" + source + "' has scales for " + mismatches);
+  }
   check("num_heads", num_heads, shape.num_heads);
   check("num_kv_heads", num_kv_heads, shape.num_kv_heads);
   check("head_dim", head_dim, shape.head_dim);
@@ -179,6 +254,36 @@ Status SaveKvCalibration(const KvCalibration& c, const std::string& path) {
       }
       KVQ_RETURN_IF_ERROR(writer.AddTensor(LevelsName(bits, is_v), DType::kF32, shape,
                                            levels.data(), levels.size() * sizeof(float)));
+    }
+  }
+  const std::vector<int64_t> layers{c.num_layers};
+  for (bool is_v : {false, true}) {
+    const std::vector<float>& scales = is_v ? c.fp8_v_scale : c.fp8_k_scale;
+    if (c.fp8_k_scale.empty() && c.fp8_v_scale.empty()) break;  // none measured
+    if (scales.size() != static_cast<size_t>(c.num_layers)) {
+      return Status::Error("calibration: fp8 scales do not match the layer count");
+    }
+    KVQ_RETURN_IF_ERROR(CheckFp8Scales(scales, is_v ? "fp8.v_scale" : "fp8.k_scale"));
+    KVQ_RETURN_IF_ERROR(writer.AddTensor(is_v ? "fp8.v_scale" : "fp8.k_scale", DType::kF32, layers,
+                                         scales.data(), scales.size() * sizeof(float)));
+  }
+  return writer.Write(path);
+}
+
+Status SaveVllmKvScales(const KvCalibration& c, const std::string& path) {
+  if (c.fp8_k_scale.empty() || c.fp8_k_scale.size() != c.fp8_v_scale.size()) {
+    return Status::Error("calibration '" + c.source +
+                         "' has no fp8 scales to export (version 1 file; rerun kvq calibrate)");
+  }
+  KVQ_RETURN_IF_ERROR(CheckFp8Scales(c.fp8_k_scale, "k_scale"));
+  KVQ_RETURN_IF_ERROR(CheckFp8Scales(c.fp8_v_scale, "v_scale"));
+  SafetensorsWriter writer;
+  writer.SetMetadata("format", "pt");  // what torch/safetensors' save_file writes
+  for (size_t l = 0; l < c.fp8_k_scale.size(); ++l) {
+    for (bool is_v : {false, true}) {
+      const float& value = is_v ? c.fp8_v_scale[l] : c.fp8_k_scale[l];
+      KVQ_RETURN_IF_ERROR(writer.AddTensor(VllmKvScaleName(static_cast<int64_t>(l), is_v),
+                                           DType::kF32, {1}, &value, sizeof(float)));
     }
   }
   return writer.Write(path);

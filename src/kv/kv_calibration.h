@@ -11,9 +11,20 @@
 //                                   puts the inliers in [-1, 1]
 //   nuq{B}.k.levels      [L, 2^B]   sorted codebook levels in the normalized
 //   nuq{B}.v.levels      [L, 2^B]   domain, one set per requested bit width B
-// Metadata ("__metadata__" strings): format = "kvq-kvquant-calibration/1",
-// num_layers, num_heads, num_kv_heads, head_dim, bits ("2,3,4"), tokens,
+//   fp8.k_scale          [L]        version 2 (optional): vLLM's per-tensor fp8 E4M3 scale of
+//   fp8.v_scale          [L]        each layer's (post-RoPE) K and V: amax / 448 over
+//                                   every calibration token, as llm-compressor
+//                                   computes the k_scale/v_scale vLLM loads
+//                                   (fp8_e4m3-tcal reads them; docs/export.md)
+// Metadata ("__metadata__" strings): format = "kvq-kvquant-calibration/2"
+// (version 1 files, without the fp8 tensors, are still read), num_layers,
+// num_heads, num_kv_heads, head_dim, bits ("2,3,4"), tokens,
 // outlier_percent, method, qnorm ("0"/"1"), model.
+//
+// LoadKvCalibration also reads a vLLM KV-scale file (tensors
+// `model.layers.N.self_attn.k_scale` / `.v_scale`, what `kvq calibrate
+// --export vllm` writes and vLLM loads from a checkpoint): only the fp8
+// scales are then set (scales_only), and only num_layers is checked.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +37,8 @@
 
 namespace kvq {
 
-inline constexpr char kKvCalibrationFormat[] = "kvq-kvquant-calibration/1";
+inline constexpr char kKvCalibrationFormat[] = "kvq-kvquant-calibration/2";
+inline constexpr char kKvCalibrationFormatV1[] = "kvq-kvquant-calibration/1";
 
 struct KvCalibration {
   std::string source;  // the file it came from (error messages)
@@ -41,6 +53,12 @@ struct KvCalibration {
     std::vector<float> k, v;  // [num_layers, 2^bits] each, sorted
   };
   std::map<int, Codebooks> codebooks;  // by bit width
+  // vLLM's per-tensor fp8 E4M3 scales, [num_layers] each; empty when the
+  // file has none (version 1). Finite and > 0 when present.
+  std::vector<float> fp8_k_scale, fp8_v_scale;
+  // Read from a vLLM KV-scale file: no codebooks, channel ranges, heads or
+  // head_dim (those are 0), only num_layers and the fp8 scales.
+  bool scales_only = false;
 
   std::string BitsList() const;  // "2,3,4"
   // The model shape the file was made for must be `shape`'s; errors name
@@ -50,10 +68,22 @@ struct KvCalibration {
   StatusOr<const Codebooks*> ForBits(int bits) const;
 };
 
+// vLLM's checkpoint names of layer l's scales ("model.layers.3.self_attn.k_scale").
+std::string VllmKvScaleName(int64_t layer, bool is_v);
+// llm-compressor's static fp8 scale of a tensor with absolute maximum amax:
+// amax / 448 in f32 (compressed-tensors calculate_qparams: max / (range / 2)),
+// a zero scale replaced by f32 epsilon. Non-finite amax gives a non-finite scale.
+float Fp8E4M3TensorScale(float amax);
+
 // Reads and validates a calibration file (every tensor present with its
-// shape, scales positive, levels finite and sorted).
+// shape, scales positive, levels finite and sorted), or a vLLM KV-scale file
+// (see the top; every k_scale/v_scale finite and > 0, else an error naming it).
 StatusOr<KvCalibration> LoadKvCalibration(const std::string& path);
 Status SaveKvCalibration(const KvCalibration& calibration, const std::string& path);
+// Writes the fp8 scales as vLLM reads them from a checkpoint: one F32 [1]
+// tensor per layer and K/V named VllmKvScaleName (docs/export.md). Error if
+// the calibration has no fp8 scales or one is not finite and > 0.
+Status SaveVllmKvScales(const KvCalibration& calibration, const std::string& path);
 
 // Weighted 1-D k-means (Lloyd's algorithm): k centres minimizing
 // sum_i w_i (x_i - nearest centre)^2. Sorts the points once; each iteration

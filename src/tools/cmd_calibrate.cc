@@ -1,13 +1,17 @@
-// kvq calibrate: the offline calibration file KVQuant's nuq codecs read
-// (--kv-calibration). eval/calibrate.h describes what is computed,
-// kv/kv_calibration.h the file.
+// kvq calibrate: the offline calibration file KVQuant's nuq codecs and
+// vLLM's calibrated fp8 (fp8_e4m3-tcal) read (--kv-calibration), and its
+// export for vLLM and transformers (docs/export.md). eval/calibrate.h
+// describes what is computed, kv/kv_calibration.h the file.
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/threads.h"
 #include "engine/loaded_model.h"
 #include "eval/calibrate.h"
+#include "eval/kv_export.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
 #include "tools/model_arg.h"
@@ -27,11 +31,41 @@ struct CalibrateFlags {
   std::string weights = "q2";
   std::string fisher;
   int threads = 0;
+  std::vector<std::string> export_args;  // --export STACK FILE
+  std::string export_stack;              // "vllm" or "hf"
+  std::string export_path;
+  std::string export_type = "hf-quanto-int4";
+  std::string command;
 };
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "kvq calibrate: %s\n", message.c_str());
   return 1;
+}
+
+// --export: vllm writes the fp8 k_scale/v_scale tensors; hf the
+// QuantizedCacheConfig of --export-type with the calibration's provenance.
+int Export(const CalibrateFlags& flags, const KvCalibration& c, const std::string& model) {
+  if (flags.export_stack == "vllm") {
+    const Status saved = SaveVllmKvScales(c, flags.export_path);
+    if (!saved.ok()) return Fail(saved.message());
+    std::printf("vLLM fp8 KV scales (model.layers.N.self_attn.k_scale / v_scale) -> %s\n",
+                flags.export_path.c_str());
+    return 0;
+  }
+  KvExportInput in;
+  in.k_type = in.v_type = flags.export_type;
+  in.num_layers = c.num_layers;
+  in.model = model;
+  in.command = flags.command;
+  auto json = HfCacheExportJson(in);
+  if (!json.ok()) return Fail(json.status().message());
+  std::ofstream out(flags.export_path);
+  out << *json;
+  if (!out) return Fail(flags.export_path + ": cannot write the export");
+  std::printf("transformers QuantizedCacheConfig for %s -> %s\n", flags.export_type.c_str(),
+              flags.export_path.c_str());
+  return 0;
 }
 
 int RunCalibrateCommand(const CalibrateFlags& flags) {
@@ -69,7 +103,9 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
       std::printf("\n");
     }
   }
-  return 0;
+  std::printf("  fp8 per-tensor scales (amax / 448), layer 0: K %.6g, V %.6g\n",
+              static_cast<double>(c.fp8_k_scale[0]), static_cast<double>(c.fp8_v_scale[0]));
+  return flags.export_stack.empty() ? 0 : Export(flags, c, loaded->path);
 }
 
 }  // namespace
@@ -109,7 +145,31 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
                   "text, --tokens, --ctx) to weight the k-means with (KVQuant's Fisher weights)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
-  cmd->callback([flags, &ctx] { ctx.exit_code = RunCalibrateCommand(*flags); });
+  auto* exp = cmd->add_option("--export", flags->export_args,
+                              "STACK FILE: also export for another stack: vllm (the per-layer "
+                              "fp8 k_scale/v_scale as checkpoint tensors, safetensors) or hf "
+                              "(transformers' QuantizedCacheConfig of --export-type, JSON); "
+                              "docs/export.md")
+                  ->expected(2);
+  cmd->add_option("--export-type", flags->export_type,
+                  "Cache type (or scheme) the hf export describes (default hf-quanto-int4)")
+      ->needs(exp);
+  cmd->callback([flags, &ctx] {
+    if (!flags->export_args.empty()) {
+      flags->export_stack = flags->export_args[0];
+      flags->export_path = flags->export_args[1];
+      if (flags->export_stack != "vllm" && flags->export_stack != "hf") {
+        std::fprintf(stderr, "kvq calibrate: --export %s: the stacks are vllm and hf\n",
+                     flags->export_stack.c_str());
+        ctx.exit_code = 1;
+        return;
+      }
+    }
+    flags->command = "kvq calibrate" + (flags->model.empty() ? "" : " -m " + flags->model) +
+                     " -f " + flags->file + " -o " + flags->output + " --tokens " +
+                     std::to_string(flags->tokens) + " -c " + std::to_string(flags->context);
+    ctx.exit_code = RunCalibrateCommand(*flags);
+  });
 }
 
 }  // namespace kvq

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "base/threads.h"
 #include "engine/loaded_model.h"
+#include "eval/kv_export.h"
 #include "eval/tune.h"
 #include "io/mapped_file.h"
 #include "tools/commands.h"
@@ -32,6 +34,8 @@ struct TuneFlags {
   std::string v_candidates = "f16,int8,int4-g32-asym-r128,int2-g32-asym-r128";
   int threads = 0;
   std::string command;
+  std::vector<std::string> export_args;  // --export STACK FILE
+  std::string scales;                    // --export-scales FILE (vllm)
 };
 
 int Fail(const std::string& message) {
@@ -115,6 +119,20 @@ int RunTuneCommand(const TuneFlags& flags) {
       << r.best.policy;
   if (!out) return Fail(flags.output + ": write failed");
   std::printf("policy:    %s\n%s", flags.output.c_str(), r.best.policy.c_str());
+  if (flags.export_args.empty()) return 0;
+  KvExportInput in;
+  in.policy = r.best.policy;
+  in.num_layers = loaded->transformer->kv_shape().num_layers;
+  in.model = loaded->path;
+  in.command = flags.command;
+  const bool hf = flags.export_args[0] == "hf";
+  auto json = hf ? HfCacheExportJson(in) : VllmCacheExportJson(in, flags.scales);
+  if (!json.ok()) return Fail(json.status().message());
+  std::ofstream exported(flags.export_args[1]);
+  exported << *json;
+  if (!exported) return Fail(flags.export_args[1] + ": cannot write the export");
+  std::printf("export:    %s (%s)\n", flags.export_args[1].c_str(),
+              hf ? "transformers QuantizedCacheConfig" : "vLLM --kv-cache-dtype");
   return 0;
 }
 
@@ -150,7 +168,22 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
                   "int2-g32-asym-r128: KIVI's values)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
+  auto* exp = cmd->add_option("--export", flags->export_args,
+                              "STACK FILE: also write the chosen policy for another stack: hf "
+                              "(transformers QuantizedCacheConfig JSON) or vllm (the "
+                              "--kv-cache-dtype it maps to, JSON); docs/export.md")
+                  ->expected(2);
+  cmd->add_option("--export-scales", flags->scales,
+                  "vllm: the k_scale/v_scale file (kvq calibrate --export vllm) to name")
+      ->needs(exp);
   cmd->callback([flags, &ctx] {
+    if (!flags->export_args.empty() && flags->export_args[0] != "hf" &&
+        flags->export_args[0] != "vllm") {
+      std::fprintf(stderr, "kvq tune: --export %s: the stacks are vllm and hf\n",
+                   flags->export_args[0].c_str());
+      ctx.exit_code = 1;
+      return;
+    }
     char budget[32];
     std::snprintf(budget, sizeof(budget), "%g", flags->kl_budget);
     flags->command = "kvq tune" + (flags->model.empty() ? "" : " -m " + flags->model) + " -f " +

@@ -48,6 +48,8 @@ KvCalibration UnitCalibration(int64_t dim) {
       c.codebooks[bits].v.push_back(level);
     }
   }
+  c.fp8_k_scale = {0.01f};  // vLLM's per-tensor fp8 (fp8_e4m3-tcal): |x| up to 4.48
+  c.fp8_v_scale = {0.02f};
   return c;
 }
 

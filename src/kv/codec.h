@@ -121,6 +121,13 @@ class KvCodec {
   // rows and q (is_v false) or to V rows and, undoing it, to the attention
   // output (is_v true), before Encode. 0: none.
   virtual int64_t RotationBlock(bool /*is_v*/) const { return 0; }
+  // A dense orthogonal rotation M of this (layer, K/V, KV head), row-major
+  // [head_dim, head_dim] (OSCAR's calibrated rotations, codec_oscar.cc): the
+  // cache stores M x for every row (after --kv-rotate's R and RotationBlock),
+  // rotates the query heads of this KV head by the K codec's M (scores are
+  // unchanged) and maps the attention output back by the V codec's Mᵀ, once
+  // per Attend. nullptr: none. Fixed once the codec is calibrated.
+  virtual const float* RotationMatrix() const { return nullptr; }
   // Bytes of per-(layer, K/V, head) side data (e.g. an fp8 scale) that is not
   // part of any row. Counted once per cache by the planner.
   virtual size_t SideBytes() const { return 0; }

@@ -82,6 +82,14 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
       cache->k_codecs_.push_back(std::move(k_codec));
       cache->v_codecs_.push_back(std::move(v_codec));
     }
+    char matrix = 0;
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+      const size_t i = static_cast<size_t>(l * shape.num_kv_heads + h);
+      cache->k_matrix_.push_back(cache->k_codecs_[i]->RotationMatrix());
+      cache->v_matrix_.push_back(cache->v_codecs_[i]->RotationMatrix());
+      matrix = matrix || cache->k_matrix_.back() != nullptr || cache->v_matrix_.back() != nullptr;
+    }
+    cache->layer_matrix_.push_back(matrix);
     cache->k_rotation_.push_back(cache->k_codecs_.back()->RotationBlock(/*is_v=*/false));
     cache->v_rotation_.push_back(cache->v_codecs_.back()->RotationBlock(/*is_v=*/true));
     const std::string k_name = cache->k_codecs_.back()->Name();
@@ -143,6 +151,7 @@ Status PagedKvCache::AllocateRunState() {
   }
   const size_t kv_rows = static_cast<size_t>(shape_.num_kv_heads);
   head_rows_.resize(static_cast<size_t>(flush * dim));
+  matrix_row_.resize(static_cast<size_t>(dim));
   if (AnyRotation()) {
     rotated_q_.resize(static_cast<size_t>(shape_.num_heads * dim));
     rotated_k_.resize(kv_rows * static_cast<size_t>(dim));
@@ -159,7 +168,7 @@ Status PagedKvCache::AllocateRunState() {
 bool PagedKvCache::AnyRotation() const {
   if (options_.rotate) return true;
   for (size_t l = 0; l < k_rotation_.size(); ++l) {
-    if (k_rotation_[l] > 0 || v_rotation_[l] > 0) return true;
+    if (k_rotation_[l] > 0 || v_rotation_[l] > 0 || layer_matrix_[l]) return true;
   }
   return false;
 }
@@ -396,7 +405,8 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
   const float* v_stored = v;
   const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
   const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
-  if (options_.rotate || k_block > 0 || v_block > 0) {  // [n, kv_heads, head_dim], reused buffers
+  const bool matrix = layer_matrix_[static_cast<size_t>(layer)];
+  if (options_.rotate || k_block > 0 || v_block > 0 || matrix) {  // [n, kv_heads, head_dim]
     const int64_t rows = n * shape_.num_kv_heads, dim = shape_.head_dim;
     rotated_k_.assign(k_stored, k_stored + rows * dim);
     rotated_v_.assign(v_stored, v_stored + rows * dim);
@@ -408,6 +418,11 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
       KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_k_.data(), rows, dim, k_block));
     if (v_block > 0)
       KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_v_.data(), rows, dim, v_block));
+    if (matrix) {
+      const int64_t kv = shape_.num_kv_heads;
+      ApplyMatrices(k_matrix_, layer, /*transpose=*/false, rotated_k_.data(), rows, kv, 1);
+      ApplyMatrices(v_matrix_, layer, /*transpose=*/false, rotated_v_.data(), rows, kv, 1);
+    }
     k_stored = rotated_k_.data();
     v_stored = rotated_v_.data();
   }
@@ -445,7 +460,8 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
   }
   const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
   const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
-  if (!options_.rotate && k_block == 0 && v_block == 0) {
+  const bool matrix = layer_matrix_[static_cast<size_t>(layer)];
+  if (!options_.rotate && k_block == 0 && v_block == 0 && !matrix) {
     AttendTiles(*s, layer, n, q, scale, out);
     return Status::Ok();
   }
@@ -453,18 +469,47 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
   // all orthogonal): q is rotated the same way as K, so scores are
   // unchanged, and sum p (G_v R v) = G_v R (sum p v) is undone once at the
   // end (G is its own inverse).
+  // M (the codecs' dense rotations) comes last on the way in and is undone
+  // first on the way out; the query heads of KV head g use g's matrices.
   const int64_t rows = n * shape_.num_heads, dim = shape_.head_dim;
+  const int64_t heads = shape_.num_heads, group = heads / shape_.num_kv_heads;
   const float* q_stored = q;
-  if (options_.rotate || k_block > 0) {
+  if (options_.rotate || k_block > 0 || matrix) {
     rotated_q_.assign(q, q + rows * dim);  // [n, num_heads, head_dim]
     if (options_.rotate) KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_q_.data(), rows, dim));
     if (k_block > 0)
       KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_q_.data(), rows, dim, k_block));
+    if (matrix) ApplyMatrices(k_matrix_, layer, false, rotated_q_.data(), rows, heads, group);
     q_stored = rotated_q_.data();
   }
   AttendTiles(*s, layer, n, q_stored, scale, out);
+  if (matrix) ApplyMatrices(v_matrix_, layer, /*transpose=*/true, out, rows, heads, group);
   if (v_block > 0) KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(out, rows, dim, v_block));
   return options_.rotate ? HadamardUnrotate(out, rows, dim) : Status::Ok();
+}
+
+void PagedKvCache::ApplyMatrices(const std::vector<const float*>& matrices, int64_t layer,
+                                 bool transpose, float* x, int64_t rows, int64_t row_heads,
+                                 int64_t heads_per_matrix) const {
+  // d^2 per row, once per token and head: small next to the projections
+  // (d * hidden each), so it accumulates in double and is exactly
+  // reproducible by the tests' reference (tests/kv/oscar_test.cc).
+  const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+  double* y = matrix_row_.data();  // [dim]
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* m =
+        matrices[static_cast<size_t>(layer * kv_heads + r % row_heads / heads_per_matrix)];
+    if (m == nullptr) continue;
+    float* row = x + r * dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < dim; ++j) {
+        sum += static_cast<double>(transpose ? m[j * dim + i] : m[i * dim + j]) * row[j];
+      }
+      y[i] = sum;
+    }
+    for (int64_t i = 0; i < dim; ++i) row[i] = static_cast<float>(y[i]);
+  }
 }
 
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,

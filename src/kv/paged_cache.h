@@ -131,6 +131,15 @@ class PagedKvCache final : public KvCache {
   // Per layer: llama.cpp's rotation block of its K / V codecs (0 = none;
   // KvCodec::RotationBlock), applied after --kv-rotate's R.
   std::vector<int64_t> k_rotation_, v_rotation_;
+  // Per (layer, KV head) instance: the codecs' dense rotations
+  // (KvCodec::RotationMatrix, nullptr = none), applied after the above;
+  // per layer whether any of its K or V codecs has one.
+  std::vector<const float*> k_matrix_, v_matrix_;
+  std::vector<char> layer_matrix_;
+  // Rotates rows [rows, head_dim] of x in place by the instances' matrices
+  // (head of row r: r % row_heads / heads_per_matrix), Mᵀ when transpose.
+  void ApplyMatrices(const std::vector<const float*>& matrices, int64_t layer, bool transpose,
+                     float* x, int64_t rows, int64_t row_heads, int64_t heads_per_matrix) const;
   std::map<SeqId, Sequence> sequences_;
 
   // Attention scratch of one OpenMP thread (sized in Create for the largest
@@ -144,8 +153,9 @@ class PagedKvCache final : public KvCache {
   mutable std::vector<ThreadScratch> thread_scratch_;  // [num_threads_]
   // Split-K partials: [tasks, max_rows], same, [tasks, max_rows, head_dim].
   mutable std::vector<float> part_max_, part_sum_, part_acc_;
-  mutable std::vector<float> rotated_q_;  // q rotated (R, llama.cpp's), grown to the largest n
-  std::vector<float> head_rows_;          // EncodeRows: one KV head's rows
+  mutable std::vector<float> rotated_q_;    // q rotated (R, llama.cpp's), grown to the largest n
+  mutable std::vector<double> matrix_row_;  // [head_dim] ApplyMatrices' one-row scratch
+  std::vector<float> head_rows_;            // EncodeRows: one KV head's rows
   std::vector<float> rotated_k_, rotated_v_;
   KvStagingScratch staging_scratch_;
 

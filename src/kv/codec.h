@@ -83,10 +83,14 @@ struct KvStreaming {
   int64_t keep_tokens = 0;   // newest tokens kept unencoded (f16)
   int64_t flush_tokens = 1;  // encoded together, oldest first
   int64_t sink_tokens = 0;   // first tokens also kept in f16; attention reads those (-sN)
-  bool pre_rope = false;     // K encoded before RoPE; attention applies RoPE after decoding
+  // -aN: up to N tokens per sequence and layer that drew the most attention
+  // mass during prefill (measured by the cache, paged_cache.cc) also kept in
+  // f16; attention reads those rows instead of the encoded ones.
+  int64_t detect_sinks = 0;
+  bool pre_rope = false;  // K encoded before RoPE; attention applies RoPE after decoding
   bool Plain() const {
     return tile_tokens == 1 && keep_tokens == 0 && flush_tokens == 1 && sink_tokens == 0 &&
-           !pre_rope;
+           detect_sinks == 0 && !pre_rope;
   }
   // Unencoded tokens the cache must hold at once (0 for a plain codec).
   int64_t ResidualCapacity() const { return Plain() ? 0 : keep_tokens + flush_tokens; }

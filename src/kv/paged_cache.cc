@@ -79,6 +79,8 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
       KVQ_RETURN_IF_ERROR(calibrate(*v_codec, l, h, /*is_v=*/true));
       cache->any_streaming_ =
           cache->any_streaming_ || !k_codec->streaming().Plain() || !v_codec->streaming().Plain();
+      cache->any_detect_ = cache->any_detect_ || k_codec->streaming().detect_sinks > 0 ||
+                           v_codec->streaming().detect_sinks > 0;
       cache->k_codecs_.push_back(std::move(k_codec));
       cache->v_codecs_.push_back(std::move(v_codec));
     }
@@ -273,6 +275,12 @@ Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
       for (bool is_v : {false, true}) {
         const KvStreaming& st = Streaming(l, is_v);
         KvStaging& staging = StagingOf(*s, l, is_v);
+        for (size_t i = 0; i < staging.detected.size(); ++i) {
+          if (staging.detected[i] >= length) {
+            staging.detected[i] = -1;
+            staging.detected_mass[i] = 0.0f;
+          }
+        }
         if (st.Plain() || staging.encoded <= st.EncodedAt(length)) continue;
         const int64_t first = st.EncodedAt(length), last = std::min(length, staging.encoded);
         const int64_t capacity = st.ResidualCapacity();
@@ -426,6 +434,19 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
     k_stored = rotated_k_.data();
     v_stored = rotated_v_.data();
   }
+  if (any_detect_) {
+    last_valid_ = n > 1 && (Streaming(layer, false).detect_sinks > 0 ||
+                            Streaming(layer, true).detect_sinks > 0);
+    if (last_valid_) {  // prefill only: a decode step neither copies nor allocates
+      const size_t count = static_cast<size_t>(n * shape_.num_kv_heads * shape_.head_dim);
+      last_k_.assign(k_stored, k_stored + count);
+      last_v_.assign(v_stored, v_stored + count);
+      last_seq_ = seq;
+      last_layer_ = layer;
+      last_start_ = start;
+      last_n_ = n;
+    }
+  }
   AppendStreaming(*s, layer, /*is_v=*/false, start, n, k_stored);
   AppendStreaming(*s, layer, /*is_v=*/true, start, n, v_stored);
   s->lengths[static_cast<size_t>(layer)] += n;
@@ -461,7 +482,9 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
   const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
   const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
   const bool matrix = layer_matrix_[static_cast<size_t>(layer)];
+  const bool detect = DetectionDue(seq, layer, n, stored);
   if (!options_.rotate && k_block == 0 && v_block == 0 && !matrix) {
+    if (detect) DetectSinks(const_cast<Sequence&>(*s), layer, n, q, scale);
     AttendTiles(*s, layer, n, q, scale, out);
     return Status::Ok();
   }
@@ -482,6 +505,7 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
     if (matrix) ApplyMatrices(k_matrix_, layer, false, rotated_q_.data(), rows, heads, group);
     q_stored = rotated_q_.data();
   }
+  if (detect) DetectSinks(const_cast<Sequence&>(*s), layer, n, q_stored, scale);
   AttendTiles(*s, layer, n, q_stored, scale, out);
   if (matrix) ApplyMatrices(v_matrix_, layer, /*transpose=*/true, out, rows, heads, group);
   if (v_block > 0) KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(out, rows, dim, v_block));
@@ -686,6 +710,9 @@ void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, i
         f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), seg.count, q, rows, scale,
                            out, stride);
       });
+  if (st.detect_sinks > 0) {
+    DetectedScores(staging, st, head, t0, count, q, rows, scale, scores, stride, scratch);
+  }
 }
 
 void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
@@ -704,17 +731,27 @@ void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t he
         if (seg.kind != KvSegment::kEncoded) {
           return f16_codec_->AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
         }
-        if (seg.shadowed == 0) {
+        bool detected = false;
+        for (int64_t t : staging.detected) {
+          detected = detected || (t >= seg.first && t < seg.first + seg.count &&
+                                  staging.DetectedSlot(t, st.sink_tokens) >= 0);
+        }
+        if (seg.shadowed == 0 && !detected) {
           return codec.AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
         }
-        // The sinks are read from their f16 rows: weight 0 here.
+        // Sinks (and detected sinks) are read from their f16 rows: weight 0 here.
         const int64_t n = seg.count;
         for (int64_t r = 0; r < rows; ++r) {
           std::copy_n(weights + r * stride, n, scratch + r * n);
           std::fill_n(scratch + r * n, seg.shadowed, 0.0f);
+          for (int64_t t : staging.detected) {
+            if (t >= seg.first && t < seg.first + n && staging.DetectedSlot(t, st.sink_tokens) >= 0)
+              scratch[r * n + t - seg.first] = 0.0f;
+          }
         }
         codec.AccumulateV(seg.rows, n, scratch, rows, n, acc);
       });
+  if (st.detect_sinks > 0) DetectedValues(staging, st, head, t0, count, p, rows, stride, acc);
 }
 
 void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int64_t head,
@@ -743,6 +780,7 @@ void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int
           const KvCodec& rows_codec = seg.kind == KvSegment::kEncoded ? codec : *f16_codec_;
           rows_codec.Decode(seg.rows, seg.count, &block_rows[(seg.first - b0) * dim]);
         });
+    if (st.detect_sinks > 0) DetectedRows(staging, st, head, b0, b1 - b0, block_rows.data());
     const int64_t from = std::max(t0, b0);
     std::memcpy(x + (from - t0) * dim, &block_rows[static_cast<size_t>((from - b0) * dim)],
                 static_cast<size_t>((b1 - from) * dim) * sizeof(float));

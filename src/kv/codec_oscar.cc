@@ -15,13 +15,13 @@
 //   - the first 64 tokens (sink) and the newest 256 in BF16.
 // kvq's version (row = one token of one KV head, head_dim d a power of two
 // from 32 to 256):
-//   oscar2[-gG][-clipN]   codes of M x, M this (layer, K/V, KV head)'s fitted
+//   oscar-int2[-gG][-clipN]  codes of M x, M this (layer, K/V, KV head)'s fitted
 //                         rotation from `kvq calibrate` (kv_calibration.h:
 //                         FitOscarRotation; needs --kv-calibration). The
 //                         cache applies M to K/V rows before staging, to q
 //                         once per Attend, and Mᵀ to the output once per
 //                         Attend (KvCodec::RotationMatrix, paged_cache.cc).
-//   quarot2[-gG][-clipN]  the same codes with the data-free rotation
+//   quarot-int2[-gG][-clipN] the same codes with the data-free rotation
 //                         R = H D / sqrt(d) of kv/hadamard.h (QuaRot-INT2).
 //   G: values per group (32, 64, 128; default min(128, d): one group per row
 //   at d <= 128, OSCAR's layout). N: clip percent (50..100, default 100):
@@ -54,7 +54,7 @@ constexpr int64_t kOscarMaxGroup = 128;
 constexpr int64_t kOscarMinHeadDim = 32, kOscarMaxHeadDim = 256;
 
 struct OscarFormat {
-  bool calibrated = true;  // oscar2: fitted rotation; quarot2: Hadamard
+  bool calibrated = true;  // oscar-int2: fitted rotation; quarot-int2: Hadamard
   int64_t group = 0;       // 0: min(128, head_dim)
   int clip_percent = 100;
   double bits = 2.0;  // of the codes (KvFormatOf's NominalBits)
@@ -63,7 +63,7 @@ struct OscarFormat {
     return group > 0 ? group : std::min(kOscarMaxGroup, head_dim);
   }
   std::string Name() const {
-    std::string name = calibrated ? "oscar2" : "quarot2";
+    std::string name = calibrated ? "oscar-int2" : "quarot-int2";
     if (group > 0) name += "-g" + std::to_string(group);
     if (clip_percent != 100) name += "-clip" + std::to_string(clip_percent);
     return name;
@@ -71,21 +71,25 @@ struct OscarFormat {
 };
 
 Status BadOscar(const std::string& spelled, const std::string& why) {
-  return Status::Error("KV cache type '" + spelled + "': " + why +
-                       " (OSCAR / QuaRot INT2: oscar2|quarot2[-gG][-clipN], G 32, 64 or 128, "
-                       "N 50..100 percent)");
+  return Status::Error(
+      "KV cache type '" + spelled + "': " + why +
+      " (OSCAR / QuaRot INT2: oscar-int2|quarot-int2[-gG][-clipN], G 32, 64 or 128, "
+      "N 50..100 percent)");
 }
 
 StatusOr<OscarFormat> ParseOscarFormat(const std::string& base, const std::string& spelled) {
   const std::vector<std::string> parts = SplitKvName(base);
   OscarFormat f;
-  if (parts[0] == "quarot2") {
+  if (parts[0] == "quarot") {
     f.calibrated = false;
-  } else if (parts[0] != "oscar2") {
+  } else if (parts[0] != "oscar") {
     return BadOscar(spelled, "unknown type '" + parts[0] + "'");
   }
+  if (parts.size() < 2 || parts[1] != "int2") {
+    return BadOscar(spelled, "the codes are int2: " + parts[0] + "-int2");
+  }
   bool have_clip = false;
-  for (size_t i = 1; i < parts.size(); ++i) {
+  for (size_t i = 2; i < parts.size(); ++i) {
     const std::string& o = parts[i];
     const auto digits = [&](size_t from) {
       return o.size() > from && o.size() <= from + 3 &&
@@ -214,7 +218,7 @@ class OscarCodec final : public KvCodec {
   OscarFormat f_;
   std::unique_ptr<KvCodec> int2_;  // int2-gG-asym: decode and the fused kernels
   IntFormat base_;
-  std::vector<float> matrix_;  // [d, d] row-major; empty until calibrated (oscar2)
+  std::vector<float> matrix_;  // [d, d] row-major; empty until calibrated (oscar-int2)
 };
 
 StatusOr<std::unique_ptr<KvCodec>> MakeOscarCodec(const OscarFormat& f, int64_t head_dim,
@@ -247,7 +251,7 @@ StatusOr<std::shared_ptr<const KvFormat>> ParseOscar(const std::string& base,
 
 bool ClaimsOscar(const std::string& base) {
   const std::string head = SplitKvName(base)[0];
-  return head == "oscar2" || head == "quarot2";
+  return head == "oscar" || head == "quarot";
 }
 
 std::vector<std::string> OscarSamples(int64_t head_dim) {
@@ -255,9 +259,9 @@ std::vector<std::string> OscarSamples(int64_t head_dim) {
       (head_dim & (head_dim - 1)) != 0) {
     return {};
   }
-  return {"quarot2",         "quarot2-g32", "quarot2-clip90", "quarot2-clip96-r256-s64",
-          "oscar2",          "oscar2-g32",  "oscar2-clip92",  "oscar2-clip96-r256-s64",
-          "oscar2-clip80-s4"};
+  return {"quarot-int2",          "quarot-int2-g32",  "quarot-int2-clip90",
+          "oscar-int2",           "oscar-int2-g32",   "oscar-int2-clip92",
+          "oscar-int2-clip80-s4", "oscar-int2-a2-s1", "quarot-int2-clip96-r256-s64"};
 }
 
 }  // namespace
@@ -265,12 +269,14 @@ std::vector<std::string> OscarSamples(int64_t head_dim) {
 const KvCodecFamily& OscarCodecFamily() {
   static const KvCodecFamily family{
       "oscar",
-      "oscar2|quarot2[-gG][-clipN]",
+      "oscar-int2|quarot-int2[-gG][-clipN]",
       "OSCAR (arXiv:2605.17757): rows rotated by an orthogonal matrix fitted per (layer, KV head) "
       "by `kvq calibrate` (eigenvectors of the queries' covariance for K, of the attention-"
       "weighted value covariance for V, then Hadamard), asymmetric INT2 per group of G values "
-      "(default min(128, head_dim)), the range clipped to N% (needs --kv-calibration). quarot2: "
-      "the same codes after the data-free Hadamard rotation (QuaRot-INT2).",
+      "(default min(128, head_dim)), the range clipped to N% (needs --kv-calibration). "
+      "quarot-int2: "
+      "the same codes after the data-free Hadamard rotation (QuaRot-INT2). Schemes oscar2, "
+      "quarot2.",
       ClaimsOscar,
       ParseOscar,
       [](int64_t) { return std::vector<std::string>{}; },
@@ -278,10 +284,10 @@ const KvCodecFamily& OscarCodecFamily() {
       {"oscar2", "quarot2"},
       {},
       {},
-      {{"oscar2", "oscar2-clip96-r256-s64", "oscar2-clip92-r256-s64",
+      {{"oscar2", "oscar-int2-clip96-r256-s64", "oscar-int2-clip92-r256-s64",
         "OSCAR's serving recipe: calibrated rotation, INT2 clipped to 96% (K) / 92% (V), first 64 "
         "and newest 256 tokens in f16 (needs --kv-calibration)"},
-       {"quarot2", "quarot2-clip96-r256-s64", "quarot2-clip92-r256-s64",
+       {"quarot2", "quarot-int2-clip96-r256-s64", "quarot-int2-clip92-r256-s64",
         "QuaRot-INT2 baseline: the same codes, sinks and window with a data-free Hadamard "
         "rotation"}}};
   return family;

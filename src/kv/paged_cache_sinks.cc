@@ -115,8 +115,7 @@ void PagedKvCache::DetectSinks(Sequence& s, int64_t layer, int64_t n, const floa
   }
 }
 
-std::vector<std::pair<int64_t, float>> PagedKvCache::DetectedSinks(SeqId seq,
-                                                                   int64_t layer) const {
+std::vector<std::pair<int64_t, float>> PagedKvCache::DetectedSinks(SeqId seq, int64_t layer) const {
   std::vector<std::pair<int64_t, float>> out;
   const Sequence* s = Find(seq);
   if (s == nullptr || layer < 0 || layer >= shape_.num_layers || !any_streaming_) return out;
@@ -124,7 +123,8 @@ std::vector<std::pair<int64_t, float>> PagedKvCache::DetectedSinks(SeqId seq,
   for (size_t i = 0; i < staging.detected.size(); ++i) {
     if (staging.detected[i] >= 0) out.emplace_back(staging.detected[i], staging.detected_mass[i]);
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
   return out;
 }
 

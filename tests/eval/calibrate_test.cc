@@ -103,7 +103,7 @@ TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
 
 // OSCAR's rotations come with the file: one orthogonal matrix per (layer,
 // KV head) for K and for V under each objective, none with "none"; an
-// oscar2 cache built from the file runs the model.
+// oscar-int2 cache built from the file runs the model.
 TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
   const std::string model_path = TempPath("oscar_model.gguf");
   const std::string calib_path = TempPath("oscar_calib.safetensors");
@@ -137,7 +137,8 @@ TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
     }
     ASSERT_TRUE(SaveKvCalibration(c, calib_path).ok());
     KvCacheOptions cache_options;
-    cache_options.k_type = cache_options.v_type = "oscar2";
+    cache_options.k_type = "oscar-int2-clip96";
+    cache_options.v_type = "oscar-int2-clip92";
     cache_options.max_tokens = 64;
     cache_options.num_threads = 2;
     cache_options.calibration_path = calib_path;

@@ -52,8 +52,8 @@ TEST(SinkDetectionOnSmolLM2, ReportsTheDetectedPositions) {
     }
     std::printf("\n");
   }
-  std::printf("%zu tokens; positions detected in how many of %lld layers:",
-              tokens.size(), static_cast<long long>(shape.num_layers));
+  std::printf("%zu tokens; positions detected in how many of %lld layers:", tokens.size(),
+              static_cast<long long>(shape.num_layers));
   for (const auto& [t, count] : layers_per_position) {
     std::printf(" %lld:%d", static_cast<long long>(t), count);
   }

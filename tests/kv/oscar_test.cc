@@ -1,4 +1,4 @@
-// OSCAR (oscar2) and QuaRot-INT2 (quarot2), codec_oscar.cc: the fitted
+// OSCAR (oscar-int2, scheme oscar2) and QuaRot-INT2 (quarot-int2), codec_oscar.cc: the fitted
 // rotations (orthogonal, equal variance per rotated coordinate), the codes'
 // error bounds, the fitted rotation beating Hadamard on planted correlated
 // outlier channels, the cache's per-(layer, KV head) rotation hook against
@@ -124,8 +124,9 @@ struct CodeCase {
 TEST(OscarCodec, CodesStayWithinTheirErrorBound) {
   std::mt19937 rng(3);
   for (int64_t dim : {32, 64, 128}) {
-    for (const CodeCase& c : {CodeCase{"quarot2", 0, 100}, CodeCase{"quarot2-g32-clip90", 32, 90},
-                              CodeCase{"oscar2-clip80", 0, 80}, CodeCase{"oscar2-g64", 64, 100}}) {
+    for (const CodeCase& c :
+         {CodeCase{"quarot-int2", 0, 100}, CodeCase{"quarot-int2-g32-clip90", 32, 90},
+          CodeCase{"oscar-int2-clip80", 0, 80}, CodeCase{"oscar-int2-g64", 64, 100}}) {
       if (c.group > dim) continue;
       SCOPED_TRACE(std::string(c.name) + " dim " + std::to_string(dim));
       auto simd = MustParse(c.name, dim, CodecPath::kSimd);
@@ -222,8 +223,8 @@ TEST(OscarCodec, FittedRotationBeatsHadamardOnPlantedOutlierChannels) {
   auto fitted = FitOscarRotation(cov, dim);
   ASSERT_TRUE(fitted.ok());
   const KvCalibration calibration = MakeCalibration(1, 1, 1, dim, *fitted, *fitted);
-  auto quarot = MustParse("quarot2", dim);
-  auto oscar = MustParse("oscar2", dim);
+  auto quarot = MustParse("quarot-int2", dim);
+  auto oscar = MustParse("oscar-int2", dim);
   ASSERT_TRUE(quarot && oscar);
   ASSERT_TRUE(oscar->SetCalibration(calibration, 0, 0, false).ok());
   auto mse = [&](const KvCodec& codec) {
@@ -249,12 +250,12 @@ TEST(OscarCodec, FittedRotationBeatsHadamardOnPlantedOutlierChannels) {
 }
 
 // Different random rotations per (layer, K/V, KV head), so a head or side
-// mixed up in the cache shows: Attend must equal, up to f32 rounding,
-// per query head h of KV head g: M_v(g)ᵀ softmax-attention over decoded K, V
-// with scores q8(M_k(g) q) . k for encoded tokens (the int2 kernels score
-// with the int8 query) and (M_k(g) q) . k for the f16 sink / window rows.
-// As paged_cache_test's kernel bound (1e-9): only f32 arithmetic differs;
-// the rotations run in double in the cache and here, so q8 is the same.
+// mixed up in the cache shows. An oscar-int2 cache (clip 100: plain int2 codes)
+// must equal an int2-g64-asym cache fed M_k(g) k and M_v(g) v per KV head g,
+// queried with M_k(g) q per query head of g and its output mapped back by
+// M_v(g)ᵀ: the codes are the same bytes (its encoder is int2's at clip 100), and
+// the rotations here run in double with f32 rounding as the cache's do, so
+// the only difference allowed is f32 rounding of the output (1e-12).
 TEST(OscarCodec, CacheRotatesEveryKvHeadByItsOwnMatrices) {
   std::mt19937 rng(5);
   const KvShape shape{2, 8, 2, 64};
@@ -272,60 +273,44 @@ TEST(OscarCodec, CacheRotatesEveryKvHeadByItsOwnMatrices) {
     return std::vector<float>(all.begin() + (l * kv + g) * dim * dim,
                               all.begin() + (l * kv + g + 1) * dim * dim);
   };
-  struct Case {
-    const char* type;
-    int64_t window, sinks;
+  // rows [count, row_heads, dim] of `all`'s matrices of layer l, in place.
+  auto rotate = [&](const std::vector<float>& all, int64_t l, std::vector<float>& x,
+                    int64_t row_heads, int64_t per_matrix, bool transpose) {
+    for (size_t r = 0; r < x.size() / dim; ++r) {
+      const auto m = matrix(all, l, static_cast<int64_t>(r) % row_heads / per_matrix);
+      const auto y = Apply(m, &x[r * dim], dim, transpose);
+      std::copy(y.begin(), y.end(), x.begin() + static_cast<int64_t>(r) * dim);
+    }
   };
-  for (const Case& c : {Case{"oscar2", 0, 0}, Case{"oscar2-clip92-r16-s2", 16, 2}}) {
-    SCOPED_TRACE(c.type);
+  for (const char* suffix : {"", "-r16-s2"}) {
+    SCOPED_TRACE(suffix);
     KvCacheOptions options;
-    options.k_type = options.v_type = c.type;
     options.max_tokens = 128;
     options.num_threads = 2;
+    options.k_type = options.v_type = std::string("oscar-int2") + suffix;
     options.calibration_path = path;
-    auto cache = MakeKvCache(shape, options);
-    ASSERT_TRUE(cache.ok()) << cache.status().message();
-    auto* paged = dynamic_cast<PagedKvCache*>(cache->get());
-    ASSERT_NE(paged, nullptr);
-    ASSERT_TRUE(paged->AddSequence(0).ok());
+    auto oscar = MakeKvCache(shape, options);
+    options.k_type = options.v_type = std::string("int2-g64-asym") + suffix;
+    auto plain = MakeKvCache(shape, options);
+    ASSERT_TRUE(oscar.ok() && plain.ok()) << oscar.status().message();
+    ASSERT_TRUE((*oscar)->AddSequence(0).ok() && (*plain)->AddSequence(0).ok());
     for (int64_t n : {45, 1, 20}) {
       for (int64_t l = 0; l < layers; ++l) {
-        const auto k = Normal(static_cast<size_t>(n * kv * dim), rng);
-        const auto v = Normal(k.size(), rng);
-        ASSERT_TRUE(paged->Append(0, l, n, k.data(), k.data(), v.data()).ok());
+        auto k = Normal(static_cast<size_t>(n * kv * dim), rng);
+        auto v = Normal(k.size(), rng);
+        ASSERT_TRUE((*oscar)->Append(0, l, n, k.data(), k.data(), v.data()).ok());
+        rotate(k_rot, l, k, kv, 1, false);
+        rotate(v_rot, l, v, kv, 1, false);
+        ASSERT_TRUE((*plain)->Append(0, l, n, k.data(), k.data(), v.data()).ok());
       }
       for (int64_t l = 0; l < layers; ++l) {
-        const int64_t total = paged->Length(0, l);
-        const auto q = Normal(static_cast<size_t>(n * heads * dim), rng);
-        std::vector<float> out(q.size()), expected(q.size()), qr(q.size()), q8(q.size());
-        ASSERT_TRUE(paged->Attend(0, l, n, q.data(), 0.125f, out.data()).ok());
-        std::vector<float> kd(static_cast<size_t>(total * kv * dim)), vd(kd.size());
-        ASSERT_TRUE(paged->DecodeLayer(0, l, kd.data(), vd.data()).ok());
-        std::vector<int8_t> i8(static_cast<size_t>(dim));
-        float qs = 0;
-        int32_t qsum = 0;
-        for (int64_t r = 0; r < n * heads; ++r) {
-          const auto rotated = Apply(matrix(k_rot, l, r % heads / group), &q[r * dim], dim, false);
-          std::copy(rotated.begin(), rotated.end(), qr.begin() + r * dim);
-          codec::QuantizeQueryRef(rotated.data(), dim, dim, i8.data(), &qs, &qsum);
-          for (int64_t i = 0; i < dim; ++i) q8[r * dim + i] = qs * i8[i];
-        }
-        const int64_t encoded_end = total - c.window;
-        auto score = [&](int64_t i, int64_t h, int64_t t) {
-          const bool f16 = t < c.sinks || t >= encoded_end;
-          const float* qh = (f16 ? qr : q8).data() + (i * heads + h) * dim;
-          const float* kt = &kd[static_cast<size_t>((t * kv + h / group) * dim)];
-          double dot = 0;
-          for (int64_t d = 0; d < dim; ++d) dot += double{qh[d]} * kt[d];
-          return dot * 0.125;
-        };
-        AttentionRefScored(score, vd.data(), n, total, heads, kv, dim, expected.data());
-        for (int64_t r = 0; r < n * heads; ++r) {
-          const auto back =
-              Apply(matrix(v_rot, l, r % heads / group), &expected[r * dim], dim, true);
-          std::copy(back.begin(), back.end(), expected.begin() + r * dim);
-        }
-        EXPECT_LE(Nmse(out, expected), 1e-9) << "layer " << l << " n " << n;
+        auto q = Normal(static_cast<size_t>(n * heads * dim), rng);
+        std::vector<float> out(q.size()), expected(q.size());
+        ASSERT_TRUE((*oscar)->Attend(0, l, n, q.data(), 0.125f, out.data()).ok());
+        rotate(k_rot, l, q, heads, group, false);
+        ASSERT_TRUE((*plain)->Attend(0, l, n, q.data(), 0.125f, expected.data()).ok());
+        rotate(v_rot, l, expected, heads, group, true);
+        EXPECT_LE(Nmse(out, expected), 1e-12) << "layer " << l << " n " << n;
       }
     }
   }
@@ -384,7 +369,8 @@ TEST(OscarCalibration, FormatOneFilesStillLoadAndFormatTwoRoundTrips) {
   KvCacheOptions options;
   options.max_tokens = 32;
   options.calibration_path = v1;
-  options.k_type = options.v_type = "kvquant2";
+  options.k_type = "nuq2-k-o1";
+  options.v_type = "nuq2-v-o1";
   EXPECT_TRUE(MakeKvCache(shape, options).ok());  // the NUQ part serves as before
   options.k_type = options.v_type = "oscar2";
   auto no_rotation = MakeKvCache(shape, options);
@@ -418,14 +404,15 @@ TEST(OscarCalibration, FormatOneFilesStillLoadAndFormatTwoRoundTrips) {
 
 TEST(OscarCodec, NamesParseAndBadOptionsAreErrors) {
   for (const char* bad :
-       {"oscar2-g48", "oscar2-clip101", "oscar2-clip40", "quarot2-g64-g64", "oscar2-x", "oscar3"}) {
+       {"oscar-int2-g48", "oscar-int2-clip101", "oscar-int2-clip40", "quarot-int2-g64-g64",
+        "oscar-int2-x", "oscar-int3", "oscar", "quarot2-int2"}) {
     EXPECT_FALSE(ParseKvCodecSpec(bad).ok()) << bad;
   }
-  EXPECT_FALSE(ParseKvCodec("quarot2", 48).ok());       // not a power of two
-  EXPECT_FALSE(ParseKvCodec("quarot2-g128", 64).ok());  // group larger than the row
-  auto spec = ParseKvCodecSpec("quarot2-s64-clip96-r256");
+  EXPECT_FALSE(ParseKvCodec("quarot-int2", 48).ok());       // not a power of two
+  EXPECT_FALSE(ParseKvCodec("quarot-int2-g128", 64).ok());  // group larger than the row
+  auto spec = ParseKvCodecSpec("quarot-int2-s64-clip96-r256");
   ASSERT_TRUE(spec.ok()) << spec.status().message();
-  EXPECT_EQ(spec->Name(), "quarot2-clip96-r256-s64");
+  EXPECT_EQ(spec->Name(), "quarot-int2-clip96-r256-s64");
   EXPECT_DOUBLE_EQ(*spec->ExactBits(128), 2.25);
   EXPECT_DOUBLE_EQ(*spec->ExactBits(64), 2.5);
 }

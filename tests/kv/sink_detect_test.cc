@@ -13,6 +13,7 @@
 #include "base/fp16.h"
 #include "kv/attention_ref.h"
 #include "kv/codec_int_scores.h"
+#include "kv/codec_registry.h"
 #include "kv/kv_factory.h"
 #include "kv/kv_test_util.h"
 #include "kv/paged_cache.h"

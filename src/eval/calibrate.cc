@@ -257,11 +257,13 @@ Status FitRotations(const CaptureCache& cache, const KvShape& shape, const std::
       const std::vector<double> cov_v =
           SecondMoment(v, kv_heads, dim, g, attention_aware ? &weights : nullptr);
       const std::string where = "layer " + std::to_string(l) + ", KV head " + std::to_string(g);
-      KVQ_ASSIGN_OR_RETURN(auto mk, FitOscarRotation(cov_k, dim).WithContext(where + " K"));
-      KVQ_ASSIGN_OR_RETURN(auto mv, FitOscarRotation(cov_v, dim).WithContext(where + " V"));
+      auto mk = FitOscarRotation(cov_k, dim);
+      if (!mk.ok()) return mk.status().WithContext(where + " K");
+      auto mv = FitOscarRotation(cov_v, dim);
+      if (!mv.ok()) return mv.status().WithContext(where + " V");
       const size_t at = static_cast<size_t>(l * kv_heads + g) * size;
-      std::copy(mk.begin(), mk.end(), c->k_rotation.begin() + static_cast<std::ptrdiff_t>(at));
-      std::copy(mv.begin(), mv.end(), c->v_rotation.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(mk->begin(), mk->end(), c->k_rotation.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(mv->begin(), mv->end(), c->v_rotation.begin() + static_cast<std::ptrdiff_t>(at));
     }
   }
   c->rotation_objective = objective;

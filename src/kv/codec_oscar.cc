@@ -13,6 +13,8 @@
 //     and zero per group), the range clipped (K 0.96, V 0.92 in its serving
 //     recipe);
 //   - the first 64 tokens (sink) and the newest 256 in BF16.
+// Schemes: `oscar2` = K oscar-int2-clip96-r256-s64, V oscar-int2-clip92-
+// r256-s64 (OSCAR's recipe), `quarot2` the same with quarot-int2.
 // kvq's version (row = one token of one KV head, head_dim d a power of two
 // from 32 to 256):
 //   oscar-int2[-gG][-clipN]  codes of M x, M this (layer, K/V, KV head)'s fitted

@@ -23,6 +23,8 @@ class CaptureCache final : public KvCache {
     v_.resize(static_cast<size_t>(shape.num_layers));
     k_amax_.assign(static_cast<size_t>(shape.num_layers), 0.0f);
     v_amax_.assign(static_cast<size_t>(shape.num_layers), 0.0f);
+    k_post_.resize(static_cast<size_t>(shape.num_layers));
+    qq_sum_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads * dim * dim), 0.0);
     weight_sum_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads * dim), 0.0);
     weight_count_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads), 0.0);
     // Means over delta = 0..i of cos^2, sin*cos of theta_p * delta: [context, half].
@@ -69,6 +71,8 @@ class CaptureCache final : public KvCache {
       auto& vs = v_[static_cast<size_t>(layer)];
       ks.insert(ks.end(), k_pre_rope + skip * row, k_pre_rope + n * row);
       vs.insert(vs.end(), v + skip * row, v + n * row);
+      auto& kp = k_post_[static_cast<size_t>(layer)];
+      kp.insert(kp.end(), k + skip * row, k + n * row);
     }
     return inner_->Append(seq, layer, n, k_pre_rope, k, v);
   }
@@ -76,7 +80,22 @@ class CaptureCache final : public KvCache {
   Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
                 float* out) const override {
     AccumulateSensitivity(seq, layer, n, q);
+    AccumulateQueryCovariance(layer, n, q);
     return inner_->Attend(seq, layer, n, q, scale, out);
+  }
+
+  // Post-RoPE K as captured: [rows, kv_heads, head_dim] per layer.
+  const std::vector<std::vector<float>>& k_post() const { return k_post_; }
+  // OSCAR's "qqt": E[q qᵀ] over the (post-RoPE) queries of the heads of KV
+  // head g in `layer`, every position: [head_dim, head_dim].
+  std::vector<double> QueryCovariance(int64_t layer, int64_t g) const {
+    const int64_t dim = shape_.head_dim, group = shape_.num_heads / shape_.num_kv_heads;
+    const size_t size = static_cast<size_t>(dim * dim);
+    const auto* sum = &qq_sum_[static_cast<size_t>(layer * shape_.num_kv_heads + g) * size];
+    const double count = qq_count_[static_cast<size_t>(layer)] * static_cast<double>(group);
+    std::vector<double> cov(sum, sum + size);
+    for (double& c : cov) c = count > 0 ? c / count : 0.0;
+    return cov;
   }
 
   // [num_layers][rows * kv_heads * head_dim] as captured (position 0 skipped).
@@ -127,10 +146,30 @@ class CaptureCache final : public KvCache {
     }
   }
 
+  void AccumulateQueryCovariance(int64_t layer, int64_t n, const float* q) const {
+    const int64_t dim = shape_.head_dim, heads = shape_.num_heads;
+    const int64_t group = heads / shape_.num_kv_heads;
+    if (qq_count_.empty()) qq_count_.assign(static_cast<size_t>(shape_.num_layers), 0.0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* qr = q + (j * heads + h) * dim;
+        double* sum =
+            &qq_sum_[static_cast<size_t>((layer * shape_.num_kv_heads + h / group) * dim * dim)];
+        for (int64_t a = 0; a < dim; ++a) {
+          const double qa = qr[a];
+          for (int64_t b = 0; b < dim; ++b) sum[a * dim + b] += qa * qr[b];
+        }
+      }
+    }
+    qq_count_[static_cast<size_t>(layer)] += static_cast<double>(n);
+  }
+
   std::unique_ptr<KvCache> inner_;
   KvShape shape_;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<std::vector<float>> k_, v_, k_post_;
   std::vector<float> k_amax_, v_amax_;           // [layers] over every appended row
+  mutable std::vector<double> qq_sum_;           // [layers, kv_heads, head_dim, head_dim]
+  mutable std::vector<double> qq_count_;         // [layers] query tokens seen
   std::vector<double> mean_cos2_, mean_sincos_;  // [context, head_dim / 2]
   // Attend is const in the interface; the statistics are this wrapper's own.
   mutable std::vector<double> weight_sum_;    // [layers, kv_heads, head_dim]
@@ -177,6 +216,73 @@ Status CheckFisherTokens(const SafetensorsFile& file, const std::vector<int32_t>
   return Status::Ok();
 }
 
+// OSCAR's covariances for one (layer, KV head) (eval/calibrate.h):
+// K: "qqt" E[q qᵀ] or "ktk" E[k kᵀ]; V: "sst" E[w v vᵀ] with w = k Σ_q kᵀ
+// normalized to mean 1, or "vtv" E[v vᵀ]. x: [rows, kv_heads, dim].
+std::vector<double> SecondMoment(const std::vector<float>& x, int64_t kv_heads, int64_t dim,
+                                 int64_t g, const std::vector<double>* weights) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / (kv_heads * dim);
+  std::vector<double> cov(static_cast<size_t>(dim * dim), 0.0);
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* r = &x[static_cast<size_t>((t * kv_heads + g) * dim)];
+    const double w = weights != nullptr ? (*weights)[static_cast<size_t>(t)] : 1.0;
+    for (int64_t a = 0; a < dim; ++a) {
+      const double ra = w * r[a];
+      for (int64_t b = 0; b < dim; ++b) cov[a * dim + b] += ra * r[b];
+    }
+  }
+  for (double& c : cov) c = rows > 0 ? c / static_cast<double>(rows) : 0.0;
+  return cov;
+}
+
+Status FitRotations(const CaptureCache& cache, const KvShape& shape, const std::string& objective,
+                    KvCalibration* c) {
+  const int64_t kv_heads = shape.num_kv_heads, dim = shape.head_dim;
+  const bool attention_aware = objective == "qqt_sst";
+  const size_t size = static_cast<size_t>(dim * dim);
+  c->k_rotation.assign(static_cast<size_t>(shape.num_layers * kv_heads) * size, 0.0f);
+  c->v_rotation.assign(c->k_rotation.size(), 0.0f);
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    const std::vector<float>& k = cache.k_post()[static_cast<size_t>(l)];
+    const std::vector<float>& v = cache.v()[static_cast<size_t>(l)];
+    const int64_t rows = static_cast<int64_t>(k.size()) / (kv_heads * dim);
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const std::vector<double> cov_q = cache.QueryCovariance(l, g);
+      std::vector<double> cov_k =
+          attention_aware ? cov_q : SecondMoment(k, kv_heads, dim, g, nullptr);
+      std::vector<double> weights;
+      if (attention_aware) {  // w_t = k_t Σ_q k_tᵀ, mean 1
+        weights.resize(static_cast<size_t>(rows));
+        double total = 0;
+        for (int64_t t = 0; t < rows; ++t) {
+          const float* kt = &k[static_cast<size_t>((t * kv_heads + g) * dim)];
+          double w = 0;
+          for (int64_t a = 0; a < dim; ++a) {
+            double row = 0;
+            for (int64_t b = 0; b < dim; ++b) row += cov_q[a * dim + b] * kt[b];
+            w += kt[a] * row;
+          }
+          weights[static_cast<size_t>(t)] = std::max(w, 0.0);
+          total += weights[static_cast<size_t>(t)];
+        }
+        for (double& w : weights) w = total > 0 ? w * static_cast<double>(rows) / total : 1.0;
+      }
+      const std::vector<double> cov_v =
+          SecondMoment(v, kv_heads, dim, g, attention_aware ? &weights : nullptr);
+      const std::string where = "layer " + std::to_string(l) + ", KV head " + std::to_string(g);
+      auto mk = FitOscarRotation(cov_k, dim);
+      if (!mk.ok()) return mk.status().WithContext(where + " K");
+      auto mv = FitOscarRotation(cov_v, dim);
+      if (!mv.ok()) return mv.status().WithContext(where + " V");
+      const size_t at = static_cast<size_t>(l * kv_heads + g) * size;
+      std::copy(mk->begin(), mk->end(), c->k_rotation.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(mv->begin(), mv->end(), c->v_rotation.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+  }
+  c->rotation_objective = objective;
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
@@ -201,6 +307,11 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
     return Status::Error("calibrate: --ctx " + std::to_string(options.context) +
                          " outside [2, the model's context of " +
                          std::to_string(transformer.config().max_position_embeddings) + "]");
+  }
+  if (options.rotation != "qqt_sst" && options.rotation != "ktk_vtv" &&
+      options.rotation != "none") {
+    return Status::Error("calibrate: --rotation '" + options.rotation +
+                         "' is not qqt_sst, ktk_vtv or none");
   }
   if (options.weights != "q2" && options.weights != "uniform") {
     return Status::Error("calibrate: --weights '" + options.weights + "' is not q2 or uniform");
@@ -300,6 +411,12 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
         dst.insert(dst.end(), levels->begin(), levels->end());
       }
     }
+  }
+  // OSCAR's rotations need a power-of-two head_dim (the Hadamard factor);
+  // other models get a file without them (the NUQ part still works).
+  const bool power_of_two = dim >= 2 && dim <= 256 && (dim & (dim - 1)) == 0;
+  if (options.rotation != "none" && power_of_two) {
+    KVQ_RETURN_IF_ERROR(FitRotations(cache, shape, options.rotation, &c));
   }
   return result;
 }

@@ -49,6 +49,17 @@ struct CalibrateOptions {
   // (plain k-means in original units, for comparison).
   std::string weights = "q2";
   std::string fisher_path;  // squared gradients per K/V element (optional)
+  // OSCAR's rotations per (layer, KV head) (kv_calibration.h,
+  // FitOscarRotation), from the post-RoPE K, V and q of the same windows:
+  //   "qqt_sst" (OSCAR's validated choice): K from E[q qᵀ] over the query
+  //             heads of the KV head, V from E[w v vᵀ], w = k E[q qᵀ] kᵀ
+  //             per token normalized to mean 1 (the attention a key draws);
+  //   "ktk_vtv": K from E[k kᵀ], V from E[v vᵀ] (the rows' own covariance);
+  //   "none":    no rotations (the file then serves only kvquant*).
+  // Per KV head rather than OSCAR v1's one per layer: its v2 format moved to
+  // per head (KV heads of one layer can want near-orthogonal rotations) and
+  // the cache holds one codec per (layer, KV head) anyway.
+  std::string rotation = "qqt_sst";
 };
 
 struct CalibrateResult {

@@ -83,10 +83,14 @@ struct KvStreaming {
   int64_t keep_tokens = 0;   // newest tokens kept unencoded (f16)
   int64_t flush_tokens = 1;  // encoded together, oldest first
   int64_t sink_tokens = 0;   // first tokens also kept in f16; attention reads those (-sN)
-  bool pre_rope = false;     // K encoded before RoPE; attention applies RoPE after decoding
+  // -aN: up to N tokens per sequence and layer that drew the most attention
+  // mass during prefill (measured by the cache, paged_cache.cc) also kept in
+  // f16; attention reads those rows instead of the encoded ones.
+  int64_t detect_sinks = 0;
+  bool pre_rope = false;  // K encoded before RoPE; attention applies RoPE after decoding
   bool Plain() const {
     return tile_tokens == 1 && keep_tokens == 0 && flush_tokens == 1 && sink_tokens == 0 &&
-           !pre_rope;
+           detect_sinks == 0 && !pre_rope;
   }
   // Unencoded tokens the cache must hold at once (0 for a plain codec).
   int64_t ResidualCapacity() const { return Plain() ? 0 : keep_tokens + flush_tokens; }
@@ -121,6 +125,13 @@ class KvCodec {
   // rows and q (is_v false) or to V rows and, undoing it, to the attention
   // output (is_v true), before Encode. 0: none.
   virtual int64_t RotationBlock(bool /*is_v*/) const { return 0; }
+  // A dense orthogonal rotation M of this (layer, K/V, KV head), row-major
+  // [head_dim, head_dim] (OSCAR's calibrated rotations, codec_oscar.cc): the
+  // cache stores M x for every row (after --kv-rotate's R and RotationBlock),
+  // rotates the query heads of this KV head by the K codec's M (scores are
+  // unchanged) and maps the attention output back by the V codec's Mᵀ, once
+  // per Attend. nullptr: none. Fixed once the codec is calibrated.
+  virtual const float* RotationMatrix() const { return nullptr; }
   // Bytes of per-(layer, K/V, head) side data (e.g. an fp8 scale) that is not
   // part of any row. Counted once per cache by the planner.
   virtual size_t SideBytes() const { return 0; }

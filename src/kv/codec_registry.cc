@@ -26,18 +26,24 @@ int64_t OptionNumber(const std::string& option, char letter) {
   return std::stoll(digits);
 }
 
-// Removes -rN / -sN / -prerope (any position after the first part) from
+// Removes -rN / -sN / -aN / -prerope (any position after the first part) from
 // `spelled`; the rest is the base name.
 StatusOr<KvStreamingOptions> SplitStreamingOptions(const std::string& spelled, std::string* base) {
   KvStreamingOptions options;
-  bool have_residual = false, have_sinks = false;
+  bool have_residual = false, have_sinks = false, have_detect = false;
   const std::vector<std::string> parts = SplitKvName(spelled);
   base->clear();
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string& part = parts[i];
     const int64_t residual = i > 0 ? OptionNumber(part, 'r') : -1;
     const int64_t sinks = i > 0 ? OptionNumber(part, 's') : -1;
-    if (residual >= 0) {
+    const int64_t detect = i > 0 ? OptionNumber(part, 'a') : -1;
+    if (detect >= 0) {
+      if (have_detect) return BadName(spelled, "-a given twice");
+      if (detect < 1 || detect > 64) return BadName(spelled, "-aN needs 1 <= N <= 64");
+      have_detect = true;
+      options.detect = detect;
+    } else if (residual >= 0) {
       if (have_residual) return BadName(spelled, "-r given twice");
       if (residual < 1 || residual > 65536) return BadName(spelled, "-rN needs 1 <= N <= 65536");
       have_residual = true;
@@ -88,6 +94,7 @@ std::string KvStreamingOptions::Suffix() const {
   std::string suffix;
   if (residual > 0) suffix += "-r" + std::to_string(residual);
   if (sinks > 0) suffix += "-s" + std::to_string(sinks);
+  if (detect > 0) suffix += "-a" + std::to_string(detect);
   if (pre_rope) suffix += "-prerope";
   return suffix;
 }
@@ -127,7 +134,7 @@ StatusOr<KvCodecSpec> ParseKvCodecSpec(const std::string& spelled) {
   return BadName(spelled, "unknown type '" + SplitKvName(base)[0] + "'");
 }
 
-// Applies -rN / -sN / -prerope to the codec (see KvStreaming).
+// Applies -rN / -sN / -aN / -prerope to the codec (see KvStreaming).
 StatusOr<std::unique_ptr<KvCodec>> KvCodecSpec::Make(int64_t head_dim, CodecPath path) const {
   const std::string name = Name();
   if (head_dim <= 0 || head_dim > kMaxCodecHeadDim) {
@@ -151,6 +158,7 @@ StatusOr<std::unique_ptr<KvCodec>> KvCodecSpec::Make(int64_t head_dim, CodecPath
     }
   }
   if (streaming.sinks > 0) st.sink_tokens = streaming.sinks;
+  if (streaming.detect > 0) st.detect_sinks = streaming.detect;
   if (streaming.pre_rope) st.pre_rope = true;
   codec->SetStreaming(st, streaming.Suffix());
   return codec;
@@ -237,8 +245,8 @@ std::string KvCacheTypesSummary() {
   for (const KvCodecFamily* family : KvCodecFamilies()) {
     s += (s.empty() ? "" : "; ") + std::string(family->syntax);
   }
-  s += "; streaming options -rN (newest N tokens in f16), -sN (first N in f16), -prerope (K "
-       "before RoPE); schemes";
+  s += "; streaming options -rN (newest N tokens in f16), -sN (first N in f16), -aN (N "
+       "detected sinks in f16), -prerope (K before RoPE); schemes";
   for (const KvCodecFamily* family : KvCodecFamilies()) {
     for (const KvScheme& scheme : family->schemes) s += " " + std::string(scheme.name);
   }
@@ -315,8 +323,9 @@ std::string KvCacheTypesHelp(bool markdown) {
   }
   out += nl + (markdown ? "" : "  ") +
          "Any codec also takes the streaming options -rN (the newest N tokens stay in f16; per "
-         "channel, N is a multiple of the group), -sN (the first N tokens also kept in f16) and, "
-         "for K, -prerope (stored before RoPE)." +
+         "channel, N is a multiple of the group), -sN (the first N tokens also kept in f16), -aN "
+         "(up to N tokens per sequence and layer that drew the most attention mass in prefill "
+         "kept in f16: detected sinks) and, for K, -prerope (stored before RoPE)." +
          nl + nl;
   out += h2 + "Codecs (bits per value: nominal / exact at head_dim 128)" + nl + nl;
   std::vector<std::vector<std::string>> rows{{"name", "family", "bits"}};

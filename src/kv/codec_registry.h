@@ -64,8 +64,9 @@ int KvNameBits(const std::string& part, const std::string& prefix, std::vector<i
 struct KvStreamingOptions {
   int64_t residual = 0;  // -rN: N newest tokens in f16 (0 = none)
   int64_t sinks = 0;     // -sN: first N tokens in f16
+  int64_t detect = 0;    // -aN: up to N detected sink tokens in f16
   bool pre_rope = false;
-  std::string Suffix() const;  // "-r128-s1-prerope" (canonical order)
+  std::string Suffix() const;  // "-r128-s1-a4-prerope" (canonical order)
 };
 
 struct KvCodecFamily;

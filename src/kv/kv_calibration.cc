@@ -64,6 +64,31 @@ Status CheckFp8Scales(const std::vector<float>& scales, const std::string& what)
   return Status::Ok();
 }
 
+// OSCAR's rotations (format 2): both tensors, finite and orthogonal.
+Status LoadRotations(const SafetensorsFile& file, KvCalibration* c) {
+  c->rotation_objective = MetaString(file.metadata(), "rotation");
+  if (c->rotation_objective.empty()) return Status::Ok();
+  if (c->head_dim > kMaxCodecHeadDim) return Status::Error("calibration: head_dim too large");
+  const int64_t d = c->head_dim;
+  const std::vector<int64_t> shape{c->num_layers, c->num_kv_heads, d, d};
+  for (bool is_v : {false, true}) {
+    const std::string name = is_v ? "oscar.v.rotation" : "oscar.k.rotation";
+    KVQ_ASSIGN_OR_RETURN(std::vector<float> m, ReadF32(file, name, shape));
+    for (size_t i = 0; i < m.size(); i += static_cast<size_t>(d * d)) {
+      // f32 storage of an orthogonal matrix is orthogonal to ~1e-6; 1e-3
+      // only refuses matrices that are not rotations at all (or NaN).
+      const double error = OrthogonalityError(&m[i], d);
+      if (!(error <= 1e-3)) {
+        return Status::Error("calibration tensor '" + name + "': matrix " +
+                             std::to_string(i / static_cast<size_t>(d * d)) +
+                             " is not orthogonal (max |M Mt - I| = " + std::to_string(error) + ")");
+      }
+    }
+    (is_v ? c->v_rotation : c->k_rotation) = std::move(m);
+  }
+  return Status::Ok();
+}
+
 // One F32 (or F16/BF16) scalar, shape [] or [1], as checkpoints store k_scale.
 StatusOr<float> ReadScalar(const TensorRef& t) {
   if (t.NumElements() != 1) {
@@ -112,9 +137,10 @@ Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
   }
   if (format != kKvCalibrationFormat && format != kKvCalibrationFormatV1) {
     return Status::Error("not a kvq calibration file (metadata format '" + format +
-                         "', expected '" + kKvCalibrationFormat +
-                         "'; make one with kvq calibrate)");
+                         "', expected '" + kKvCalibrationFormat + "' or '" +
+                         kKvCalibrationFormatV1 + "'; make one with kvq calibrate)");
   }
+  c->format_version = format == kKvCalibrationFormatV1 ? 1 : 2;
   KVQ_ASSIGN_OR_RETURN(c->num_layers, MetaInt(meta, "num_layers", 1));
   KVQ_ASSIGN_OR_RETURN(c->num_heads, MetaInt(meta, "num_heads", 1));
   KVQ_ASSIGN_OR_RETURN(c->num_kv_heads, MetaInt(meta, "num_kv_heads", 1));
@@ -160,13 +186,16 @@ Status LoadInto(const SafetensorsFile& file, KvCalibration* c) {
     c->codebooks[bits] = std::move(books);
   }
   if (c->codebooks.empty()) return Status::Error("calibration file has no codebooks (bits)");
-  // Version 1 files have no fp8 scales; version 2 ones may lack them too.
-  if (format == kKvCalibrationFormatV1 || file.Find("fp8.k_scale") == nullptr) return Status::Ok();
-  const std::vector<int64_t> layers{c->num_layers};
-  KVQ_ASSIGN_OR_RETURN(c->fp8_k_scale, ReadF32(file, "fp8.k_scale", layers));
-  KVQ_ASSIGN_OR_RETURN(c->fp8_v_scale, ReadF32(file, "fp8.v_scale", layers));
-  KVQ_RETURN_IF_ERROR(CheckFp8Scales(c->fp8_k_scale, "calibration tensor 'fp8.k_scale'"));
-  return CheckFp8Scales(c->fp8_v_scale, "calibration tensor 'fp8.v_scale'");
+  // Version 1 files have neither fp8 scales nor rotations; version 2 ones may
+  // have either, both or none.
+  if (c->format_version >= 2 && file.Find("fp8.k_scale") != nullptr) {
+    const std::vector<int64_t> layers{c->num_layers};
+    KVQ_ASSIGN_OR_RETURN(c->fp8_k_scale, ReadF32(file, "fp8.k_scale", layers));
+    KVQ_ASSIGN_OR_RETURN(c->fp8_v_scale, ReadF32(file, "fp8.v_scale", layers));
+    KVQ_RETURN_IF_ERROR(CheckFp8Scales(c->fp8_k_scale, "calibration tensor 'fp8.k_scale'"));
+    KVQ_RETURN_IF_ERROR(CheckFp8Scales(c->fp8_v_scale, "calibration tensor 'fp8.v_scale'"));
+  }
+  return c->format_version >= 2 ? LoadRotations(file, c) : Status::Ok();
 }
 
 }  // namespace
@@ -236,6 +265,7 @@ Status SaveKvCalibration(const KvCalibration& c, const std::string& path) {
   writer.SetMetadata("method", c.method);
   writer.SetMetadata("qnorm", c.qnorm ? "1" : "0");
   writer.SetMetadata("model", c.model);
+  writer.SetMetadata("rotation", c.rotation_objective);
   const std::vector<int64_t> channels{c.num_layers, c.num_kv_heads, c.head_dim};
   const size_t channel_count = static_cast<size_t>(c.num_layers * c.num_kv_heads * c.head_dim);
   if (c.k_offset.size() != channel_count || c.k_scale.size() != channel_count) {
@@ -255,6 +285,17 @@ Status SaveKvCalibration(const KvCalibration& c, const std::string& path) {
       KVQ_RETURN_IF_ERROR(writer.AddTensor(LevelsName(bits, is_v), DType::kF32, shape,
                                            levels.data(), levels.size() * sizeof(float)));
     }
+  }
+  if (!c.rotation_objective.empty()) {
+    const std::vector<int64_t> shape{c.num_layers, c.num_kv_heads, c.head_dim, c.head_dim};
+    const size_t count = channel_count * static_cast<size_t>(c.head_dim);
+    if (c.k_rotation.size() != count || c.v_rotation.size() != count) {
+      return Status::Error("calibration: rotation tensors do not match the shape");
+    }
+    KVQ_RETURN_IF_ERROR(writer.AddTensor("oscar.k.rotation", DType::kF32, shape,
+                                         c.k_rotation.data(), count * sizeof(float)));
+    KVQ_RETURN_IF_ERROR(writer.AddTensor("oscar.v.rotation", DType::kF32, shape,
+                                         c.v_rotation.data(), count * sizeof(float)));
   }
   const std::vector<int64_t> layers{c.num_layers};
   for (bool is_v : {false, true}) {
@@ -287,6 +328,112 @@ Status SaveVllmKvScales(const KvCalibration& c, const std::string& path) {
     }
   }
   return writer.Write(path);
+}
+
+void SymmetricEigen(const std::vector<double>& a_in, int64_t n, std::vector<double>* values,
+                    std::vector<double>* vectors) {
+  std::vector<double> a = a_in, v(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; ++i) v[i * n + i] = 1.0;
+  double norm = 0;
+  for (double x : a) norm += x * x;
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      for (int64_t q = p + 1; q < n; ++q) off += a[p * n + q] * a[p * n + q];
+    }
+    // Converged when the off-diagonal mass is at double rounding level.
+    if (!(off > 1e-30 * norm)) break;
+    for (int64_t p = 0; p < n; ++p) {
+      for (int64_t q = p + 1; q < n; ++q) {
+        const double apq = a[p * n + q];
+        if (apq == 0.0) continue;
+        const double theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+        const double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::hypot(theta, 1.0));
+        const double c = 1.0 / std::sqrt(t * t + 1.0), s = t * c;
+        for (int64_t k = 0; k < n; ++k) {  // columns p, q of A J and of V J
+          const double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = c * akp - s * akq;
+          a[k * n + q] = s * akp + c * akq;
+          const double vkp = v[k * n + p], vkq = v[k * n + q];
+          v[k * n + p] = c * vkp - s * vkq;
+          v[k * n + q] = s * vkp + c * vkq;
+        }
+        for (int64_t k = 0; k < n; ++k) {  // rows p, q of Jᵀ (A J)
+          const double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = c * apk - s * aqk;
+          a[q * n + k] = s * apk + c * aqk;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return a[x * n + x] < a[y * n + y]; });
+  values->resize(static_cast<size_t>(n));
+  vectors->resize(static_cast<size_t>(n * n));
+  for (int64_t j = 0; j < n; ++j) {
+    (*values)[j] = a[order[j] * n + order[j]];
+    for (int64_t k = 0; k < n; ++k) (*vectors)[k * n + j] = v[k * n + order[j]];
+  }
+}
+
+double OrthogonalityError(const float* m, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double dot = 0;
+      for (int64_t k = 0; k < n; ++k) dot += static_cast<double>(m[i * n + k]) * m[j * n + k];
+      const double e = std::fabs(dot - (i == j ? 1.0 : 0.0));
+      if (!(e <= worst)) worst = e;  // NaN propagates as the worst
+    }
+  }
+  return worst;
+}
+
+StatusOr<std::vector<float>> FitOscarRotation(const std::vector<double>& cov, int64_t dim) {
+  if (dim < 2 || dim > 256 || (dim & (dim - 1)) != 0 ||
+      cov.size() != static_cast<size_t>(dim * dim)) {
+    return Status::Error("OSCAR rotation: head_dim " + std::to_string(dim) +
+                         " is not a power of two from 2 to 256");
+  }
+  for (double x : cov) {
+    if (!std::isfinite(x)) return Status::Error("OSCAR rotation: non-finite covariance");
+  }
+  std::vector<double> sym(cov.size());
+  for (int64_t i = 0; i < dim; ++i) {
+    for (int64_t j = 0; j < dim; ++j)
+      sym[i * dim + j] = 0.5 * (cov[i * dim + j] + cov[j * dim + i]);
+  }
+  std::vector<double> values, u;
+  SymmetricEigen(sym, dim, &values, &u);
+  // perm[bitrev(i)] = index of the i-th largest eigenvalue (OSCAR's P).
+  int bits = 0;
+  while ((int64_t{1} << bits) < dim) ++bits;
+  std::vector<int64_t> desc(static_cast<size_t>(dim)), perm(static_cast<size_t>(dim));
+  std::iota(desc.begin(), desc.end(), 0);
+  std::stable_sort(desc.begin(), desc.end(),
+                   [&](int64_t x, int64_t y) { return values[x] > values[y]; });
+  for (int64_t i = 0; i < dim; ++i) {
+    int64_t r = 0;
+    for (int b = 0; b < bits; ++b) r |= ((i >> b) & 1) << (bits - 1 - b);
+    perm[static_cast<size_t>(r)] = desc[static_cast<size_t>(i)];
+  }
+  // (H Uᵀ)[i][k] = sum_a H[i][a] U[k][a]; m row j = row perm[j] of it.
+  const double norm = 1.0 / std::sqrt(static_cast<double>(dim));
+  std::vector<float> m(static_cast<size_t>(dim * dim));
+  for (int64_t j = 0; j < dim; ++j) {
+    const int64_t i = perm[static_cast<size_t>(j)];
+    for (int64_t k = 0; k < dim; ++k) {
+      double sum = 0;
+      for (int64_t a = 0; a < dim; ++a) {
+        const double h = (__builtin_popcountll(static_cast<uint64_t>(i & a)) & 1) ? -norm : norm;
+        sum += h * u[k * dim + a];
+      }
+      m[j * dim + k] = static_cast<float>(sum);
+    }
+  }
+  return m;
 }
 
 std::vector<double> WeightedKMeans1D(const std::vector<float>& values,

@@ -16,10 +16,15 @@
 //                                   every calibration token, as llm-compressor
 //                                   computes the k_scale/v_scale vLLM loads
 //                                   (fp8_e4m3-tcal reads them; docs/export.md)
+//   oscar.k.rotation     [L, H, D, D]  (version 2, when `rotation` is set)
+//   oscar.v.rotation     [L, H, D, D]  OSCAR's calibrated orthogonal
+//                                   rotations M per (layer, KV head), row-major:
+//                                   the cache stores M x (codec_oscar.cc)
 // Metadata ("__metadata__" strings): format = "kvq-kvquant-calibration/2"
-// (version 1 files, without the fp8 tensors, are still read), num_layers,
-// num_heads, num_kv_heads, head_dim, bits ("2,3,4"), tokens,
-// outlier_percent, method, qnorm ("0"/"1"), model.
+// (version 1 files, without the optional fp8 and rotation tensors, are still
+// read), num_layers, num_heads, num_kv_heads, head_dim, bits ("2,3,4"),
+// tokens, outlier_percent, method, qnorm ("0"/"1"), model, rotation (the
+// objective the rotations were fitted with, "qqt_sst" or "ktk_vtv"; "" = none).
 //
 // LoadKvCalibration also reads a vLLM KV-scale file (tensors
 // `model.layers.N.self_attn.k_scale` / `.v_scale`, what `kvq calibrate
@@ -59,6 +64,11 @@ struct KvCalibration {
   // Read from a vLLM KV-scale file: no codebooks, channel ranges, heads or
   // head_dim (those are 0), only num_layers and the fp8 scales.
   bool scales_only = false;
+  // OSCAR rotations, [num_layers, num_kv_heads, head_dim, head_dim] each
+  // (empty when rotation_objective is empty: format-1 files).
+  std::string rotation_objective;
+  std::vector<float> k_rotation, v_rotation;
+  int format_version = 2;  // of the file it was loaded from
 
   std::string BitsList() const;  // "2,3,4"
   // The model shape the file was made for must be `shape`'s; errors name
@@ -76,8 +86,9 @@ std::string VllmKvScaleName(int64_t layer, bool is_v);
 float Fp8E4M3TensorScale(float amax);
 
 // Reads and validates a calibration file (every tensor present with its
-// shape, scales positive, levels finite and sorted), or a vLLM KV-scale file
-// (see the top; every k_scale/v_scale finite and > 0, else an error naming it).
+// shape, scales positive, levels finite and sorted, rotations orthogonal),
+// or a vLLM KV-scale file (see the top; every k_scale/v_scale finite and > 0,
+// else an error naming it).
 StatusOr<KvCalibration> LoadKvCalibration(const std::string& path);
 Status SaveKvCalibration(const KvCalibration& calibration, const std::string& path);
 // Writes the fp8 scales as vLLM reads them from a checkpoint: one F32 [1]
@@ -130,5 +141,26 @@ struct NuqFitInput {
 // levels are then shifted and scaled so the dequantized inliers have the
 // mean and standard deviation of the originals (KVQuant's Q-Norm).
 StatusOr<std::vector<float>> FitNuqLevels(const NuqFitInput& in);
+
+// ---- OSCAR (arXiv:2605.17757) rotations ----
+// Eigen-decomposition of a symmetric matrix a [n, n] (row-major, double) by
+// cyclic Jacobi rotations: eigenvalues ascending (as LAPACK's syevd, which
+// OSCAR's torch.linalg.eigh calls) and the matching unit eigenvectors as
+// the columns of vectors [n, n].
+void SymmetricEigen(const std::vector<double>& a, int64_t n, std::vector<double>* values,
+                    std::vector<double>* vectors);
+// Largest |M Mᵀ - I| entry of m [n, n]: how far from orthogonal it is.
+double OrthogonalityError(const float* m, int64_t n);
+// OSCAR's rotation from an attention-aware covariance cov [dim, dim] (dim a
+// power of two up to 256): U its eigenvectors (ascending), H the normalized
+// Sylvester Hadamard matrix (no signs), P the bit-reversal permutation of
+// the eigenvalues sorted in descending order; OSCAR stores x U H P (row
+// vectors), so m = (U H P)ᵀ = Pᵀ H Uᵀ, row-major [dim, dim], stored = m x.
+// U decorrelates, so H gives every rotated coordinate the same variance
+// (tr(cov) / dim): no coordinate concentrates an outlier direction, which a
+// data-free Hadamard does when outlier channels move together. P only
+// reorders the rotated coordinates: with one quantization group per row
+// (OSCAR's group 128 at head_dim 128) it does not change the codes.
+StatusOr<std::vector<float>> FitOscarRotation(const std::vector<double>& cov, int64_t dim);
 
 }  // namespace kvq

@@ -64,8 +64,8 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
     layer.k_row_bytes = (*k_codec)->RowBytes();
     layer.v_row_bytes = (*v_codec)->RowBytes();
     side_per_head += (*k_codec)->SideBytes() + (*v_codec)->SideBytes();
-    const int64_t staged =
-        ks.ResidualCapacity() + ks.sink_tokens + vs.ResidualCapacity() + vs.sink_tokens;
+    const int64_t staged = ks.ResidualCapacity() + ks.sink_tokens + ks.detect_sinks +
+                           vs.ResidualCapacity() + vs.sink_tokens + vs.detect_sinks;
     layout.staging_bytes +=
         static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(staged) * staging_row;
   }

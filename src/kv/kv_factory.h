@@ -64,7 +64,7 @@ struct KvCacheOptions {
 //
 // Streaming codecs (KvStreaming: residual windows, sinks) also keep f16 rows
 // per sequence: staging_bytes = sum over layers, K and V, KV heads of
-// (residual capacity + sinks) * head_dim * 2. A sequence is charged
+// (residual capacity + sinks + detected sinks) * head_dim * 2. A sequence is charged
 // staging_blocks = ceil(staging_bytes / block_bytes) blocks of the budget for
 // them when it starts, so the budget and the planner count them exactly.
 struct KvLayerLayout {

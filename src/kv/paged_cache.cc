@@ -97,9 +97,19 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
       KVQ_RETURN_IF_ERROR(calibrate(*v_codec, l, h, /*is_v=*/true));
       cache->any_streaming_ =
           cache->any_streaming_ || !k_codec->streaming().Plain() || !v_codec->streaming().Plain();
+      cache->any_detect_ = cache->any_detect_ || k_codec->streaming().detect_sinks > 0 ||
+                           v_codec->streaming().detect_sinks > 0;
       cache->k_codecs_.push_back(std::move(k_codec));
       cache->v_codecs_.push_back(std::move(v_codec));
     }
+    char matrix = 0;
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+      const size_t i = static_cast<size_t>(l * shape.num_kv_heads + h);
+      cache->k_matrix_.push_back(cache->k_codecs_[i]->RotationMatrix());
+      cache->v_matrix_.push_back(cache->v_codecs_[i]->RotationMatrix());
+      matrix = matrix || cache->k_matrix_.back() != nullptr || cache->v_matrix_.back() != nullptr;
+    }
+    cache->layer_matrix_.push_back(matrix);
     cache->k_rotation_.push_back(cache->k_codecs_.back()->RotationBlock(/*is_v=*/false));
     cache->v_rotation_.push_back(cache->v_codecs_.back()->RotationBlock(/*is_v=*/true));
     const std::string k_name = cache->k_codecs_.back()->Name();
@@ -161,6 +171,7 @@ Status PagedKvCache::AllocateRunState() {
   }
   const size_t kv_rows = static_cast<size_t>(shape_.num_kv_heads);
   head_rows_.resize(static_cast<size_t>(flush * dim));
+  matrix_row_.resize(static_cast<size_t>(dim));
   if (AnyRotation()) {
     rotated_q_.resize(static_cast<size_t>(shape_.num_heads * dim));
     rotated_k_.resize(kv_rows * static_cast<size_t>(dim));
@@ -177,7 +188,7 @@ Status PagedKvCache::AllocateRunState() {
 bool PagedKvCache::AnyRotation() const {
   if (options_.rotate) return true;
   for (size_t l = 0; l < k_rotation_.size(); ++l) {
-    if (k_rotation_[l] > 0 || v_rotation_[l] > 0) return true;
+    if (k_rotation_[l] > 0 || v_rotation_[l] > 0 || layer_matrix_[l]) return true;
   }
   return false;
 }
@@ -282,6 +293,12 @@ Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
       for (bool is_v : {false, true}) {
         const KvStreaming& st = Streaming(l, is_v);
         KvStaging& staging = StagingOf(*s, l, is_v);
+        for (size_t i = 0; i < staging.detected.size(); ++i) {
+          if (staging.detected[i] >= length) {
+            staging.detected[i] = -1;
+            staging.detected_mass[i] = 0.0f;
+          }
+        }
         if (st.Plain() || staging.encoded <= st.EncodedAt(length)) continue;
         const int64_t first = st.EncodedAt(length), last = std::min(length, staging.encoded);
         const int64_t capacity = st.ResidualCapacity();
@@ -414,7 +431,8 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
   const float* v_stored = v;
   const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
   const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
-  if (options_.rotate || k_block > 0 || v_block > 0) {  // [n, kv_heads, head_dim], reused buffers
+  const bool matrix = layer_matrix_[static_cast<size_t>(layer)];
+  if (options_.rotate || k_block > 0 || v_block > 0 || matrix) {  // [n, kv_heads, head_dim]
     const int64_t rows = n * shape_.num_kv_heads, dim = shape_.head_dim;
     rotated_k_.assign(k_stored, k_stored + rows * dim);
     rotated_v_.assign(v_stored, v_stored + rows * dim);
@@ -426,8 +444,26 @@ Status PagedKvCache::Append(SeqId seq, int64_t layer, int64_t n, const float* k_
       KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_k_.data(), rows, dim, k_block));
     if (v_block > 0)
       KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_v_.data(), rows, dim, v_block));
+    if (matrix) {
+      const int64_t kv = shape_.num_kv_heads;
+      ApplyMatrices(k_matrix_, layer, /*transpose=*/false, rotated_k_.data(), rows, kv, 1);
+      ApplyMatrices(v_matrix_, layer, /*transpose=*/false, rotated_v_.data(), rows, kv, 1);
+    }
     k_stored = rotated_k_.data();
     v_stored = rotated_v_.data();
+  }
+  if (any_detect_) {
+    last_valid_ = n > 1 && (Streaming(layer, false).detect_sinks > 0 ||
+                            Streaming(layer, true).detect_sinks > 0);
+    if (last_valid_) {  // prefill only: a decode step neither copies nor allocates
+      const size_t count = static_cast<size_t>(n * shape_.num_kv_heads * shape_.head_dim);
+      last_k_.assign(k_stored, k_stored + count);
+      last_v_.assign(v_stored, v_stored + count);
+      last_seq_ = seq;
+      last_layer_ = layer;
+      last_start_ = start;
+      last_n_ = n;
+    }
   }
   AppendStreaming(*s, layer, /*is_v=*/false, start, n, k_stored);
   AppendStreaming(*s, layer, /*is_v=*/true, start, n, v_stored);
@@ -463,7 +499,10 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
   }
   const int64_t k_block = k_rotation_[static_cast<size_t>(layer)];
   const int64_t v_block = v_rotation_[static_cast<size_t>(layer)];
-  if (!options_.rotate && k_block == 0 && v_block == 0) {
+  const bool matrix = layer_matrix_[static_cast<size_t>(layer)];
+  const bool detect = DetectionDue(seq, layer, n, stored);
+  if (!options_.rotate && k_block == 0 && v_block == 0 && !matrix) {
+    if (detect) DetectSinks(const_cast<Sequence&>(*s), layer, n, q, scale);
     AttendTiles(*s, layer, n, q, scale, out);
     return Status::Ok();
   }
@@ -471,18 +510,48 @@ Status PagedKvCache::Attend(SeqId seq, int64_t layer, int64_t n, const float* q,
   // all orthogonal): q is rotated the same way as K, so scores are
   // unchanged, and sum p (G_v R v) = G_v R (sum p v) is undone once at the
   // end (G is its own inverse).
+  // M (the codecs' dense rotations) comes last on the way in and is undone
+  // first on the way out; the query heads of KV head g use g's matrices.
   const int64_t rows = n * shape_.num_heads, dim = shape_.head_dim;
+  const int64_t heads = shape_.num_heads, group = heads / shape_.num_kv_heads;
   const float* q_stored = q;
-  if (options_.rotate || k_block > 0) {
+  if (options_.rotate || k_block > 0 || matrix) {
     rotated_q_.assign(q, q + rows * dim);  // [n, num_heads, head_dim]
     if (options_.rotate) KVQ_RETURN_IF_ERROR(HadamardRotate(rotated_q_.data(), rows, dim));
     if (k_block > 0)
       KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(rotated_q_.data(), rows, dim, k_block));
+    if (matrix) ApplyMatrices(k_matrix_, layer, false, rotated_q_.data(), rows, heads, group);
     q_stored = rotated_q_.data();
   }
+  if (detect) DetectSinks(const_cast<Sequence&>(*s), layer, n, q_stored, scale);
   AttendTiles(*s, layer, n, q_stored, scale, out);
+  if (matrix) ApplyMatrices(v_matrix_, layer, /*transpose=*/true, out, rows, heads, group);
   if (v_block > 0) KVQ_RETURN_IF_ERROR(WalshHadamardBlocks(out, rows, dim, v_block));
   return options_.rotate ? HadamardUnrotate(out, rows, dim) : Status::Ok();
+}
+
+void PagedKvCache::ApplyMatrices(const std::vector<const float*>& matrices, int64_t layer,
+                                 bool transpose, float* x, int64_t rows, int64_t row_heads,
+                                 int64_t heads_per_matrix) const {
+  // d^2 per row, once per token and head: small next to the projections
+  // (d * hidden each), so it accumulates in double and is exactly
+  // reproducible by the tests' reference (tests/kv/oscar_test.cc).
+  const int64_t dim = shape_.head_dim, kv_heads = shape_.num_kv_heads;
+  double* y = matrix_row_.data();  // [dim]
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* m =
+        matrices[static_cast<size_t>(layer * kv_heads + r % row_heads / heads_per_matrix)];
+    if (m == nullptr) continue;
+    float* row = x + r * dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < dim; ++j) {
+        sum += static_cast<double>(transpose ? m[j * dim + i] : m[i * dim + j]) * row[j];
+      }
+      y[i] = sum;
+    }
+    for (int64_t i = 0; i < dim; ++i) row[i] = static_cast<float>(y[i]);
+  }
 }
 
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,
@@ -657,6 +726,9 @@ void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, i
         f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), seg.count, q, rows, scale,
                            out, stride);
       });
+  if (st.detect_sinks > 0) {
+    DetectedScores(staging, st, head, t0, count, q, rows, scale, scores, stride, scratch);
+  }
 }
 
 void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
@@ -675,17 +747,27 @@ void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t he
         if (seg.kind != KvSegment::kEncoded) {
           return f16_codec_->AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
         }
-        if (seg.shadowed == 0) {
+        bool detected = false;
+        for (int64_t t : staging.detected) {
+          detected = detected || (t >= seg.first && t < seg.first + seg.count &&
+                                  staging.DetectedSlot(t, st.sink_tokens) >= 0);
+        }
+        if (seg.shadowed == 0 && !detected) {
           return codec.AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
         }
-        // The sinks are read from their f16 rows: weight 0 here.
+        // Sinks (and detected sinks) are read from their f16 rows: weight 0 here.
         const int64_t n = seg.count;
         for (int64_t r = 0; r < rows; ++r) {
           std::copy_n(weights + r * stride, n, scratch + r * n);
           std::fill_n(scratch + r * n, seg.shadowed, 0.0f);
+          for (int64_t t : staging.detected) {
+            if (t >= seg.first && t < seg.first + n && staging.DetectedSlot(t, st.sink_tokens) >= 0)
+              scratch[r * n + t - seg.first] = 0.0f;
+          }
         }
         codec.AccumulateV(seg.rows, n, scratch, rows, n, acc);
       });
+  if (st.detect_sinks > 0) DetectedValues(staging, st, head, t0, count, p, rows, stride, acc);
 }
 
 void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int64_t head,
@@ -714,6 +796,7 @@ void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int
           const KvCodec& rows_codec = seg.kind == KvSegment::kEncoded ? codec : *f16_codec_;
           rows_codec.Decode(seg.rows, seg.count, &block_rows[(seg.first - b0) * dim]);
         });
+    if (st.detect_sinks > 0) DetectedRows(staging, st, head, b0, b1 - b0, block_rows.data());
     const int64_t from = std::max(t0, b0);
     std::memcpy(x + (from - t0) * dim, &block_rows[static_cast<size_t>((from - b0) * dim)],
                 static_cast<size_t>((b1 - from) * dim) * sizeof(float));

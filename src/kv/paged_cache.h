@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -55,6 +56,10 @@ class PagedKvCache final : public KvCache {
   const BlockAllocator& allocator() const { return *allocator_; }
   // The block table of `seq` (empty if unknown): for tests of sharing.
   std::vector<BlockId> BlockTable(SeqId seq) const;
+
+  // The detected sinks (-aN) of `seq` in `layer` (K side), heaviest first:
+  // token positions and the attention mass measured for them.
+  std::vector<std::pair<int64_t, float>> DetectedSinks(SeqId seq, int64_t layer) const;
 
   // Decodes what `seq` stores in `layer` through each codec's Decode (the
   // scalar truth), in the stored domain (rotated when options.rotate or the
@@ -109,6 +114,26 @@ class PagedKvCache final : public KvCache {
   void PrefetchBlock(const Sequence& s, int64_t layer, int64_t head, int64_t b) const;
   // Floats of per-task scratch BlockScores / BlockAccumulateV need.
   int64_t ScratchFloats(int64_t rows) const;
+  // -aN (detected sinks; paged_cache_sinks.cc). Ranks the tokens of the
+  // prefill chunk just appended to `layer` by the attention mass they draw
+  // from a sample of its queries (q: stored domain) and keeps the top ones'
+  // f16 rows in the sequence's staging. Attend is const in the KvCache
+  // interface; this is the one sequence state it writes.
+  void DetectSinks(Sequence& s, int64_t layer, int64_t n, const float* q, float scale) const;
+  // Whether the last Append was the prefill chunk of (seq, layer) that an
+  // Attend of n queries now reads.
+  bool DetectionDue(SeqId seq, int64_t layer, int64_t n, int64_t stored) const;
+  // For detected sinks in tokens [t0, t0 + count) of one block that live in
+  // the blocks: rewrites their scores from the f16 rows, or adds their f16 V
+  // rows (their encoded rows' weight was zeroed), or overwrites decoded rows.
+  void DetectedScores(const KvStaging& staging, const KvStreaming& st, int64_t head, int64_t t0,
+                      int64_t count, const float* q, int64_t rows, float scale, float* scores,
+                      int64_t stride, float* scratch) const;
+  void DetectedValues(const KvStaging& staging, const KvStreaming& st, int64_t head, int64_t t0,
+                      int64_t count, const float* p, int64_t rows, int64_t stride,
+                      float* acc) const;
+  void DetectedRows(const KvStaging& staging, const KvStreaming& st, int64_t head, int64_t t0,
+                    int64_t count, float* x) const;
   // Decodes tokens [t0, t0 + count) of one (layer, K/V, head) into x [count,
   // head_dim], in the stored domain (before RoPE for pre-RoPE K).
   void DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int64_t head, int64_t t0,
@@ -131,6 +156,15 @@ class PagedKvCache final : public KvCache {
   // Per layer: llama.cpp's rotation block of its K / V codecs (0 = none;
   // KvCodec::RotationBlock), applied after --kv-rotate's R.
   std::vector<int64_t> k_rotation_, v_rotation_;
+  // Per (layer, KV head) instance: the codecs' dense rotations
+  // (KvCodec::RotationMatrix, nullptr = none), applied after the above;
+  // per layer whether any of its K or V codecs has one.
+  std::vector<const float*> k_matrix_, v_matrix_;
+  std::vector<char> layer_matrix_;
+  // Rotates rows [rows, head_dim] of x in place by the instances' matrices
+  // (head of row r: r % row_heads / heads_per_matrix), Mᵀ when transpose.
+  void ApplyMatrices(const std::vector<const float*>& matrices, int64_t layer, bool transpose,
+                     float* x, int64_t rows, int64_t row_heads, int64_t heads_per_matrix) const;
   std::map<SeqId, Sequence> sequences_;
 
   // Attention scratch of one OpenMP thread (sized in Create for the largest
@@ -144,10 +178,21 @@ class PagedKvCache final : public KvCache {
   mutable std::vector<ThreadScratch> thread_scratch_;  // [num_threads_]
   // Split-K partials: [tasks, max_rows], same, [tasks, max_rows, head_dim].
   mutable std::vector<float> part_max_, part_sum_, part_acc_;
-  mutable std::vector<float> rotated_q_;  // q rotated (R, llama.cpp's), grown to the largest n
-  std::vector<float> head_rows_;          // EncodeRows: one KV head's rows
+  mutable std::vector<float> rotated_q_;    // q rotated (R, llama.cpp's), grown to the largest n
+  mutable std::vector<double> matrix_row_;  // [head_dim] ApplyMatrices' one-row scratch
+  std::vector<float> head_rows_;            // EncodeRows: one KV head's rows
   std::vector<float> rotated_k_, rotated_v_;
   KvStagingScratch staging_scratch_;
+  // -aN: the stored-domain K and V rows [n, kv_heads, head_dim] of the last
+  // prefill Append (n > 1) and where they went; grown to the largest prefill.
+  bool any_detect_ = false;
+  bool last_valid_ = false;
+  SeqId last_seq_ = 0;
+  int64_t last_layer_ = 0, last_start_ = 0, last_n_ = 0;
+  std::vector<float> last_k_, last_v_;
+  mutable std::vector<float> detect_keys_;   // [total, head_dim]: one KV head's keys
+  mutable std::vector<double> detect_mass_;  // [n] mass drawn by each token of the chunk
+  mutable std::vector<double> detect_p_;     // [total] one query row's probabilities
 
   Sequence* Find(SeqId seq);
   const Sequence* Find(SeqId seq) const;

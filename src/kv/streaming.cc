@@ -8,6 +8,9 @@ void KvStaging::Allocate(const KvStreaming& st, int64_t kv_heads, size_t f16_row
   const size_t heads = static_cast<size_t>(kv_heads);
   ring.resize(heads * static_cast<size_t>(st.ResidualCapacity()) * f16_row_bytes);
   sinks.resize(heads * static_cast<size_t>(st.sink_tokens) * f16_row_bytes);
+  detected.assign(static_cast<size_t>(st.detect_sinks), -1);
+  detected_mass.assign(static_cast<size_t>(st.detect_sinks), 0.0f);
+  detected_rows.resize(heads * static_cast<size_t>(st.detect_sinks) * f16_row_bytes);
 }
 
 KvDue StageTokens(const KvStreaming& st, KvStaging& staging, const KvCodec& f16, int64_t kv_heads,

@@ -28,7 +28,22 @@ struct KvStaging {
   int64_t encoded = 0;         // tokens [0, encoded) are in blocks
   std::vector<uint8_t> ring;   // [kv_heads, capacity, f16 row]
   std::vector<uint8_t> sinks;  // [kv_heads, sink_tokens, f16 row]
+  // -aN (detected sinks, paged_cache.cc): slot i holds token detected[i]
+  // (-1: empty) with the attention mass it drew, its rows in f16. Attention
+  // reads an encoded token's row from here when it is detected.
+  std::vector<int64_t> detected;       // [detect_sinks]
+  std::vector<float> detected_mass;    // [detect_sinks]
+  std::vector<uint8_t> detected_rows;  // [kv_heads, detect_sinks, f16 row]
   void Allocate(const KvStreaming& st, int64_t kv_heads, size_t f16_row_bytes);
+  // The slot of token t if it is a detected sink that lives in the blocks
+  // (encoded and not a prefix sink), else -1.
+  int64_t DetectedSlot(int64_t t, int64_t sink_tokens) const {
+    if (t >= encoded || t < sink_tokens) return -1;
+    for (size_t i = 0; i < detected.size(); ++i) {
+      if (detected[i] == t) return static_cast<int64_t>(i);
+    }
+    return -1;
+  }
 };
 
 // A run of tokens stored one way.

@@ -122,7 +122,6 @@ struct TurboFmt {
 
   HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i, hn::Vec<D> scale,
                              hn::Vec<D> offset) const {
-    const hn::RebindToSigned<D> di;
     if (i >= L->y_dim) {  // sketch signs: bit set -> -f
       const auto bit = Codes(row + L->sketch_offset, i - L->y_dim, 1);
       return hn::Xor(scale, hn::BitCast(d, hn::ShiftLeft<31>(bit)));

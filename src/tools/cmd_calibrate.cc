@@ -1,7 +1,8 @@
 // kvq calibrate: the offline calibration file KVQuant's nuq codecs and
-// vLLM's calibrated fp8 (fp8_e4m3-tcal) read (--kv-calibration), and its
-// export for vLLM and transformers (docs/export.md). eval/calibrate.h
-// describes what is computed, kv/kv_calibration.h the file.
+// vLLM's calibrated fp8 (fp8_e4m3-tcal) and OSCAR's oscar2 read
+// (--kv-calibration), and its export for vLLM and transformers
+// (docs/export.md). eval/calibrate.h describes what is computed,
+// kv/kv_calibration.h the file.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -30,6 +31,7 @@ struct CalibrateFlags {
   bool qnorm = false;
   std::string weights = "q2";
   std::string fisher;
+  std::string rotation = "qqt_sst";
   int threads = 0;
   std::vector<std::string> export_args;  // --export STACK FILE
   std::string export_stack;              // "vllm" or "hf"
@@ -82,6 +84,7 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
   options.qnorm = flags.qnorm;
   options.weights = flags.weights;
   options.fisher_path = flags.fisher;
+  options.rotation = flags.rotation;
   auto result = CalibrateKv(*loaded, *text, options);
   if (!result.ok()) return Fail(result.status().message());
   const Status saved = SaveKvCalibration(result->calibration, flags.output);
@@ -94,6 +97,8 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
       static_cast<long long>(flags.context), static_cast<long long>(c.tokens), c.BitsList().c_str(),
       static_cast<long long>(c.outlier_percent), c.method.c_str(), c.qnorm ? ", Q-Norm" : "",
       flags.output.c_str());
+  std::printf("  OSCAR rotations: %s\n",
+              c.rotation_objective.empty() ? "none" : c.rotation_objective.c_str());
   for (const auto& [bits, books] : c.codebooks) {
     const int64_t levels = int64_t{1} << bits;
     for (bool is_v : {false, true}) {
@@ -112,14 +117,17 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
 
 void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
   auto flags = std::make_shared<CalibrateFlags>();
-  CLI::App* cmd = app.add_subcommand(
-      "calibrate", "Offline calibration for KVQuant caches (kvquant2/3/4 --kv-calibration FILE)");
+  CLI::App* cmd =
+      app.add_subcommand("calibrate",
+                         "Offline calibration for KVQuant and OSCAR caches (kvquant2/3/4, oscar2 "
+                         "--kv-calibration FILE)");
   cmd->footer(
       "Runs the model over the text in windows of --ctx tokens and writes, per layer, the\n"
       "pre-RoPE key channel ranges (outlier thresholds) and sensitivity-weighted k-means\n"
       "codebooks for each --bits (safetensors; tensor names in kv/kv_calibration.h).\n"
       "Key channels are weighted by the expected squared query component they multiply\n"
-      "(gradient-free; eval/calibrate.h), values uniformly.");
+      "(gradient-free; eval/calibrate.h), values uniformly. Also OSCAR's rotation per\n"
+      "(layer, KV head) for oscar2 (--rotation; head_dim a power of two).");
   AddModelOption(*cmd, &flags->model);
   cmd->add_option("-f,--file", flags->file, "Calibration text")->required();
   cmd->add_option("-o,--output", flags->output, "Calibration file to write")->required();
@@ -143,6 +151,11 @@ void RegisterCalibrateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--fisher", flags->fisher,
                   "Squared gradients per K/V element from tools/train/kvquant_fisher.py (same "
                   "text, --tokens, --ctx) to weight the k-means with (KVQuant's Fisher weights)");
+  cmd->add_option("--rotation", flags->rotation,
+                  "OSCAR rotations fitted from: qqt_sst (K from the queries' covariance, V from "
+                  "the attention-weighted value covariance; OSCAR's choice, default), ktk_vtv "
+                  "(the rows' own covariances) or none")
+      ->check(CLI::IsMember({"qqt_sst", "ktk_vtv", "none"}));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
   auto* exp = cmd->add_option("--export", flags->export_args,

@@ -106,7 +106,9 @@ TEST(RunState, DecodeStepsAllocateNothing) {
        {Case{"f16", false}, Case{"f32", false}, Case{"bf16", false}, Case{"fp8_e4m3", false},
         Case{"int8", false}, Case{"int4", false}, Case{"int2-g64-sym", false}, Case{"q4_0", false},
         Case{"int4", true}, Case{"q4_0", true}, Case{"iq4_nl-norot", false}, Case{"f16-s4", false},
-        Case{"int4-g32-asym-r128", false}, Case{"kivi2", false}, Case{"kivi4", false}}) {
+        Case{"int4-g32-asym-r128", false}, Case{"kivi2", false}, Case{"kivi4", false},
+        Case{"quarot2", false}, Case{"int4-s1-a4", false},
+        Case{"quarot-int2-clip96-r16-a2", false}}) {
     EXPECT_EQ(DecodeAllocations(model, c), 0) << c.type << (c.rotate ? "+rot" : "");
   }
 }

@@ -101,6 +101,58 @@ TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
   for (const std::string& f : {model_path, other_path, calib_path}) fs::remove(f);
 }
 
+// OSCAR's rotations come with the file: one orthogonal matrix per (layer,
+// KV head) for K and for V under each objective, none with "none"; an
+// oscar-int2 cache built from the file runs the model.
+TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
+  const std::string model_path = TempPath("oscar_model.gguf");
+  const std::string calib_path = TempPath("oscar_calib.safetensors");
+  auto model = SynthModel(model_path, 2);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const KvShape shape = model->transformer->kv_shape();
+  const int64_t dim = shape.head_dim;
+  CalibrateOptions options;
+  options.bits = {2};
+  options.context = 64;
+  options.tokens = 128;
+  options.rotation = "bogus";
+  EXPECT_FALSE(CalibrateKv(*model, Text(400), options).ok());
+  for (const char* objective : {"qqt_sst", "ktk_vtv", "none"}) {
+    SCOPED_TRACE(objective);
+    options.rotation = objective;
+    auto result = CalibrateKv(*model, Text(400), options);
+    ASSERT_TRUE(result.ok()) << result.status().message();
+    const KvCalibration& c = result->calibration;
+    if (std::string(objective) == "none") {
+      EXPECT_TRUE(c.rotation_objective.empty() && c.k_rotation.empty());
+      continue;
+    }
+    EXPECT_EQ(c.rotation_objective, objective);
+    const size_t per = static_cast<size_t>(dim * dim);
+    ASSERT_EQ(c.k_rotation.size(),
+              static_cast<size_t>(shape.num_layers * shape.num_kv_heads) * per);
+    for (size_t at = 0; at < c.k_rotation.size(); at += per) {
+      EXPECT_LE(OrthogonalityError(&c.k_rotation[at], dim), 1e-5);
+      EXPECT_LE(OrthogonalityError(&c.v_rotation[at], dim), 1e-5);
+    }
+    ASSERT_TRUE(SaveKvCalibration(c, calib_path).ok());
+    KvCacheOptions cache_options;
+    cache_options.k_type = "oscar-int2-clip96";
+    cache_options.v_type = "oscar-int2-clip92";
+    cache_options.max_tokens = 64;
+    cache_options.num_threads = 2;
+    cache_options.calibration_path = calib_path;
+    auto cache = MakeKvCache(shape, cache_options);
+    ASSERT_TRUE(cache.ok()) << cache.status().message();
+    PerplexityOptions ppl_options;
+    ppl_options.context = 64;
+    auto ppl = RunPerplexity(*model, **cache, Text(400), ppl_options);
+    ASSERT_TRUE(ppl.ok()) << ppl.status().message();
+    EXPECT_TRUE(std::isfinite(ppl->ppl) && ppl->ppl > 1.0) << ppl->ppl;
+  }
+  for (const std::string& f : {model_path, calib_path}) fs::remove(f);
+}
+
 TEST(Calibrate, FisherFileMustMatchTheTokensAndShapes) {
   const std::string model_path = TempPath("fisher_model.gguf");
   const std::string fisher_path = TempPath("fisher.safetensors");

@@ -30,7 +30,7 @@ std::vector<std::pair<std::string, bool>> CodecNamesOf(const std::string& type) 
 }
 
 // NUQ codecs need codebooks: evenly spaced levels and unit channel ranges
-// are enough to exercise their kernels.
+// are enough to exercise their kernels (and OSCAR's a rotation).
 KvCalibration UnitCalibration(int64_t dim) {
   KvCalibration c;
   c.source = "test";
@@ -40,6 +40,11 @@ KvCalibration UnitCalibration(int64_t dim) {
   c.head_dim = dim;
   c.k_offset.assign(static_cast<size_t>(dim), 0.0f);
   c.k_scale.assign(static_cast<size_t>(dim), 1.0f);
+  // OSCAR codecs need a rotation: the identity is one.
+  c.rotation_objective = "identity";
+  c.k_rotation.assign(static_cast<size_t>(dim * dim), 0.0f);
+  for (int64_t i = 0; i < dim; ++i) c.k_rotation[static_cast<size_t>(i * dim + i)] = 1.0f;
+  c.v_rotation = c.k_rotation;
   for (int bits : {2, 3, 4}) {
     const int levels = 1 << bits;
     for (int i = 0; i < levels; ++i) {

@@ -36,6 +36,7 @@
 #     --threads N         (default 2)          --seed N (default 1)
 #     --out DIR           (default build/bench/serve_vs_llamacpp)
 #     --lock FILE         run each cell under flock FILE
+#     --kvq PATH          the kvq binary (default build/bin/kvq)
 #     --table-only 1      only print the table of the cells in OUT
 # Needs: make build, node >= 20, scripts/build_llama_cpp.sh --server.
 set -euo pipefail
@@ -68,6 +69,7 @@ while [ $# -gt 0 ]; do
     --seed) seed=$2 ;;
     --out) out=$2 ;;
     --lock) lock=$2 ;;
+    --kvq) kvq=$2 ;;
     --table-only) table_only=$2 ;;
     *) echo "serve_vs_llamacpp: unknown option $1" >&2; exit 2 ;;
   esac
@@ -90,12 +92,9 @@ fi
 prompt_max=${prompt_tokens#*-}
 out_max=${max_tokens#*-}
 max_len=$((prompt_max + out_max))
-# f16 K+V bytes per token of every layer: 2 (K, V) x layers x kv heads x head_dim x 2 bytes.
-read -r layers kv_heads head_dim < <("$kvq" info "$model" 2>/dev/null | awk '
-  /^ *layers/ {l=$NF} /kv heads|kv_heads/ {for (i=1;i<=NF;i++) if ($i ~ /^[0-9]+$/) k=$i}
-  /head.dim/ {for (i=1;i<=NF;i++) if ($i ~ /^[0-9]+$/) d=$i} END {print l, k, d}')
-f16_token_bytes=$((4 * layers * kv_heads * head_dim))
-[ "$f16_token_bytes" -gt 0 ] || { echo "serve_vs_llamacpp: cannot read the model shape (kvq info)" >&2; exit 1; }
+# f16 K+V bytes per token of every layer ("KV cache f16: 23040 bytes/token").
+f16_token_bytes=$("$kvq" info "$model" 2>/dev/null | sed -n 's/^KV cache f16: *\([0-9]*\) bytes\/token.*/\1/p')
+[ -n "$f16_token_bytes" ] || { echo "serve_vs_llamacpp: cannot read the f16 KV bytes per token (kvq info)" >&2; exit 1; }
 budget_bytes=$((budget_mib * 1048576))
 llama_ctx=$((budget_bytes / f16_token_bytes))
 llama_slots=$((llama_ctx / max_len))

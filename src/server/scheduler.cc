@@ -153,15 +153,17 @@ void Scheduler::Admit() {
     // blocks a sequence takes when it starts, and the idle cached blocks it
     // revives (counted free until now).
     int64_t need = BlocksFor(size) - hit.blocks + cow + sequence_blocks_ + hit.idle_blocks;
-    if (need > BlocksFor(size) + sequence_blocks_) {
-      // Only idle blocks hit, and the copy would make the request need one
-      // block more than computing its prompt: a request that fills the
-      // whole cache could then never start.
+    const int64_t available = FreeBlocks() - promised;
+    if (need > available && BlocksFor(size) + sequence_blocks_ <= available) {
+      // Only idle blocks hit and the copy makes the request need one block
+      // more than computing its prompt, which fits now: with nothing else
+      // to free blocks (or a request that fills the whole cache) it would
+      // otherwise never start.
       hit = KvPrefixHit{};
       cow = 0;
       need = BlocksFor(size) + sequence_blocks_;
     }
-    if (FreeBlocks() - promised < need) break;  // first come, first served
+    if (available < need) break;  // first come, first served
     if (!cache_.AddSequenceWithPrefix(s.seq, s.tokens, hit.tokens).ok()) break;  // id in use
     s.in_cache = true;
     s.computed = hit.tokens;

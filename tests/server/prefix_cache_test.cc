@@ -317,6 +317,8 @@ TEST_F(PrefixCacheTest, IdenticalOutputForEveryCacheTypeThatShares) {
   const int64_t head_dim = model_.transformer->kv_shape().head_dim;
   std::vector<std::string> types = AllKvCodecNames(head_dim);
   for (const std::string& t : AllKvStreamingCodecNames(head_dim)) types.push_back(t);
+  types.push_back("bf16-r32-s2");  // streaming samples valid at this head_dim of 16
+  types.push_back("f16-r8");
   int shared_types = 0, refused_types = 0;
   for (const std::string& type : types) {
     SCOPED_TRACE(type);

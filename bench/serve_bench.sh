@@ -20,6 +20,10 @@
 #     --max-tokens N        generated per request (default: 256)
 #     --max-num-seqs N      (default: 32)
 #     --threads N           (default: 2)
+#     --shared-prefix N:T   N system prompts of T tokens shared by the requests (default: none)
+#     --prefix-caching LIST on, off or on,off: runs each type with --enable-prefix-caching /
+#                           --no-enable-prefix-caching (default: on); with both, each row is
+#                           labelled TYPE/prefix-on or TYPE/prefix-off
 #     --results FILE        keep the JSON lines of every level (default: a temporary file)
 #     --dry-run 1           only start each type's server and print what the budget
 #                           admits (to choose --kv-memory); no load
@@ -28,6 +32,9 @@
 # machine. A quick check of the script itself:
 #   bench/serve_bench.sh --model models/kvq-tiny-qwen2 --kv-memory 1M --concurrency 1,4 \
 #     --requests 8 --seconds 120 --prompt-tokens 32-64 --max-tokens 16 --threads 1
+# The shared-prefix mix (memory saved, throughput with and without sharing):
+#   bench/serve_bench.sh --model .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf --dtypes f16 \
+#     --shared-prefix 4:1024 --prompt-tokens 64-256 --prefix-caching on,off ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kvq=build/bin/kvq
@@ -44,6 +51,8 @@ max_num_seqs=32
 threads=2
 results=
 dry_run=0
+shared_prefix=
+prefix_modes=on
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2 ;;
@@ -58,6 +67,8 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2 ;;
     --results) results=$2 ;;
     --dry-run) dry_run=$2 ;;
+    --shared-prefix) shared_prefix=$2 ;;
+    --prefix-caching) prefix_modes=$2 ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -73,8 +84,12 @@ prompt_min=${prompt_tokens%-*}
 prompt_max=${prompt_tokens#*-}
 vocab=$("$kvq" info "$model" 2>/dev/null | sed -n 's/^ *vocab[^0-9]*\([0-9][0-9]*\).*/\1/p' | head -n 1)
 [ -n "$vocab" ] || { echo "serve_bench: cannot read the vocabulary size of $model (kvq info)" >&2; exit 1; }
-max_model_len=$((prompt_max + max_tokens))
-mean_tokens=$(((prompt_min + prompt_max) / 2 + max_tokens))
+shared_tokens=0
+[ -z "$shared_prefix" ] || shared_tokens=${shared_prefix#*:}
+max_model_len=$((prompt_max + shared_tokens + max_tokens))
+mean_tokens=$(((prompt_min + prompt_max) / 2 + shared_tokens + max_tokens))
+shared_flag=()
+[ -z "$shared_prefix" ] || shared_flag=(--shared-prefix "$shared_prefix")
 log_dir=$(mktemp -d)
 server_pid=
 cleanup() {
@@ -92,12 +107,20 @@ header=1
 failed=0
 baseline=
 declare -a admitted=()
-for dtype in ${dtypes//,/ }; do
-  out=$log_dir/$dtype.out
-  err=$log_dir/$dtype.err
+for run in $(for d in ${dtypes//,/ }; do for m in ${prefix_modes//,/ }; do echo "$d,$m"; done; done); do
+  dtype=${run%,*}
+  mode=${run#*,}
+  label=$dtype
+  [ "$prefix_modes" = on ] || label="$dtype/prefix-$mode"
+  prefix_flag=--enable-prefix-caching
+  [ "$mode" = on ] || prefix_flag=--no-enable-prefix-caching
+  # A type with f16 windows cannot share prefixes: let the default say so.
+  if [ "$mode" = on ] && [ "$prefix_modes" = on ]; then prefix_flag=; fi
+  out=$log_dir/${label//\//_}.out
+  err=$log_dir/${label//\//_}.err
   "$kvq" serve -m "$model" --port 0 -t "$threads" --kv-cache-dtype "$dtype" --kv-memory "$memory" \
     --max-model-len "$max_model_len" --max-num-seqs "$max_num_seqs" --max-waiting 1024 \
-    --served-model-name bench > "$out" 2> "$err" &
+    $prefix_flag --served-model-name bench > "$out" 2> "$err" &
   server_pid=$!
   port=
   while :; do
@@ -131,7 +154,7 @@ for dtype in ${dtypes//,/ }; do
     per_sequence=$(((mean_tokens + block_tokens - 1) / block_tokens + staging))
     admitted+=("$dtype: $cache_line, $staging blocks per sequence for f16 windows -> $((blocks / per_sequence)) sequences of $mean_tokens tokens")
   fi
-  [ -n "$baseline" ] || baseline=$dtype
+  [ -n "$baseline" ] || baseline=$label
   if [ "$dry_run" = 1 ]; then
     kill -TERM "$server_pid"
     wait "$server_pid" || failed=1
@@ -140,13 +163,13 @@ for dtype in ${dtypes//,/ }; do
   fi
   header_flag=()
   [ $header = 1 ] || header_flag=(--no-header)
-  node bench/serve_load.mjs --url "http://127.0.0.1:$port" --model bench --label "$dtype" \
+  node bench/serve_load.mjs --url "http://127.0.0.1:$port" --model bench --label "$label" \
     --concurrency "$concurrency" --requests "$requests" --seconds "$seconds" \
     --prompt-tokens "$prompt_tokens" --max-tokens "$max_tokens" --vocab "$vocab" \
-    --json "$results" "${header_flag[@]}" || failed=1
+    "${shared_flag[@]}" --json "$results" "${header_flag[@]}" || failed=1
   header=0
   kill -TERM "$server_pid"
-  wait "$server_pid" || { echo "serve_bench: the $dtype server did not exit cleanly" >&2; failed=1; }
+  wait "$server_pid" || { echo "serve_bench: the $label server did not exit cleanly" >&2; failed=1; }
   server_pid=
 done
 

@@ -10,25 +10,33 @@
 //
 //   node bench/serve_load.mjs --url http://127.0.0.1:PORT --model NAME
 //        [--concurrency 1,8,32] [--requests N|auto|N1,N2,N3] [--seconds 120]
-//        [--prompt-tokens 2048 | 2048-4096] [--max-tokens 64] [--api-key KEY]
+//        [--prompt-tokens 2048 | 2048-4096] [--max-tokens 64 | 64-512] [--api-key KEY]
 //        [--label f16] [--vocab 8192] [--seed 1] [--json results.jsonl] [--no-header]
+//        [--corpus-ids FILE] [--shared-prefix N:T]
 //   node bench/serve_load.mjs --summarize results.jsonl [--baseline f16]
 //
 // --requests auto = max(8, 2 x concurrency) per level; a list gives each level
-// its own count (one per --concurrency level). Prompts are random
-// token ids (the completions API accepts them), so each has exactly the
-// drawn length (uniform in the --prompt-tokens range) and no two share a
-// prefix; the same --seed gives every run the same prompts. Generation
-// ignores EOS so every request produces --max-tokens tokens. A request still
-// running at a level's time limit is aborted and counted as failed. One
-// short unmeasured request warms the server up first. No
+// its own count (one per --concurrency level). Prompts are token ids (the
+// completions API of kvq and of llama-server accepts them), so each has
+// exactly the drawn length (uniform in the --prompt-tokens range): random ids
+// below --vocab, or with --corpus-ids (whitespace-separated ids, e.g. `kvq
+// tokenize MODEL - --ids-only < .deps/corpus/test.txt`) windows of real text
+// at random offsets. --max-tokens A-B draws each request's output length.
+// --shared-prefix N:T puts one of N "system prompts" of T tokens (drawn
+// once, chosen at random per request) before each prompt, whose own length
+// is then the --prompt-tokens draw: the mix prefix caching is for. The same
+// --seed gives every run the same requests. Generation ignores EOS so every
+// request produces its drawn tokens. A request still running at a level's
+// time limit is aborted and counted as failed. One short unmeasured request
+// warms the server up first. From kvq's /metrics the rows also show the
+// prefix-cache hit rate and the most KV blocks sharing saved at once. No
 // dependencies beyond Node 20's fetch.
 import { appendFileSync, readFileSync } from 'node:fs';
 
 function parseArgs(argv) {
   const args = { concurrency: '1,8,32', requests: 'auto', seconds: 120, 'prompt-tokens': '2048',
     'max-tokens': 64, 'api-key': '', label: '', vocab: 8192, seed: 1, json: '', summarize: '',
-    baseline: 'f16', 'no-header': false };
+    baseline: 'f16', 'no-header': false, 'corpus-ids': '', 'shared-prefix': '' };
   for (let i = 0; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '');
     if (key === 'no-header') { args[key] = true; --i; continue; }
@@ -45,6 +53,24 @@ function parseArgs(argv) {
   if (!(lo >= 1 && hi >= lo)) throw new Error(`--prompt-tokens: ${args['prompt-tokens']} is not N or A-B`);
   args.promptMin = lo;
   args.promptMax = hi;
+  const [mlo, mhi = mlo] = String(args['max-tokens']).split('-').map(Number);
+  if (!(mlo >= 1 && mhi >= mlo)) throw new Error(`--max-tokens: ${args['max-tokens']} is not N or A-B`);
+  args.maxMin = mlo;
+  args.maxMax = mhi;
+  args.sharedCount = 0;
+  args.sharedTokens = 0;
+  if (args['shared-prefix']) {
+    const [n, t] = String(args['shared-prefix']).split(':').map(Number);
+    if (!(n >= 1 && t >= 1)) throw new Error(`--shared-prefix: ${args['shared-prefix']} is not N:T`);
+    args.sharedCount = n;
+    args.sharedTokens = t;
+  }
+  if (args['corpus-ids']) {
+    args.corpus = readFileSync(args['corpus-ids'], 'utf8').trim().split(/\s+/).map(Number);
+    if (args.corpus.length < 2 * (hi + args.sharedTokens) || args.corpus.some((v) => !(v >= 0))) {
+      throw new Error(`--corpus-ids ${args['corpus-ids']}: too short or not token ids`);
+    }
+  }
   return args;
 }
 
@@ -73,14 +99,17 @@ async function readMetrics(url) {
       return m ? Number(m[1]) : NaN;
     };
     return { running: value('kvq_num_requests_running'), blocksUsed: value('kvq_kv_blocks_used'),
-      blocksTotal: value('kvq_kv_blocks_total'), preemptions: value('kvq_num_preemptions_total') };
+      blocksTotal: value('kvq_kv_blocks_total'), preemptions: value('kvq_num_preemptions_total'),
+      blocksSaved: value('kvq_kv_blocks_saved_by_sharing'),
+      prefixQueries: value('kvq_prefix_cache_queries_total'),
+      prefixHits: value('kvq_prefix_cache_hits_total'), blockBytes: value('kvq_kv_block_bytes') };
   } catch {
     return null;
   }
 }
 
 // One streaming request; returns its timings (ms) or an error/status.
-async function oneRequest(args, prompt, deadline) {
+async function oneRequest(args, prompt, deadline, maxTokens = Number(args.maxMax)) {
   const start = performance.now();
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), Math.max(1, deadline - Date.now()));
@@ -90,7 +119,7 @@ async function oneRequest(args, prompt, deadline) {
       signal: controller.signal,
       headers: { 'Content-Type': 'application/json',
         ...(args['api-key'] ? { Authorization: `Bearer ${args['api-key']}` } : {}) },
-      body: JSON.stringify({ model: args.model, prompt, max_tokens: Number(args['max-tokens']),
+      body: JSON.stringify({ model: args.model, prompt, max_tokens: maxTokens,
         temperature: 0, stream: true, ignore_eos: true }),
     });
     if (res.status !== 200) {
@@ -114,6 +143,9 @@ async function oneRequest(args, prompt, deadline) {
         if (chunk.usage) tokens = chunk.usage.completion_tokens;
       }
     }
+    // A server that sends no usage: count the text events (one per token
+    // unless text is held back, e.g. incomplete UTF-8).
+    if (!tokens) tokens = arrivals.length;
     return { status: 200, start, arrivals, tokens, promptTokens: prompt.length, end: performance.now() };
   } catch (e) {
     return { status: e.name === 'AbortError' ? 'timeout' : 'error' };
@@ -122,14 +154,32 @@ async function oneRequest(args, prompt, deadline) {
   }
 }
 
-async function runLevel(args, concurrency, total, random) {
-  const deadline = Date.now() + Number(args.seconds) * 1000;
+// `length` token ids: a window of the corpus, or random ids.
+function drawTokens(args, random, length) {
+  if (!args.corpus) return Array.from({ length }, () => random() % Number(args.vocab));
+  const at = random() % (args.corpus.length - length);
+  return args.corpus.slice(at, at + length);
+}
+
+// The requests of one level: [prompt ids, max_tokens] each.
+function drawRequests(args, total, random, systems) {
   const span = args.promptMax - args.promptMin + 1;
-  const prompts = Array.from({ length: total }, () =>
-    Array.from({ length: args.promptMin + (random() % span) }, () => random() % Number(args.vocab)));
+  const outSpan = args.maxMax - args.maxMin + 1;
+  return Array.from({ length: total }, () => {
+    const own = drawTokens(args, random, args.promptMin + (random() % span));
+    const prompt = systems.length ? systems[random() % systems.length].concat(own) : own;
+    return [prompt, args.maxMin + (random() % outSpan)];
+  });
+}
+
+async function runLevel(args, concurrency, total, random, systems) {
+  const deadline = Date.now() + Number(args.seconds) * 1000;
+  const requests = drawRequests(args, total, random, systems);
+  const prompts = requests.map((r) => r[0]);
   const before = await readMetrics(args.url);
   let maxRunning = 0;
   let maxBlocks = 0;
+  let maxSaved = 0;
   let sampling = true;
   const sampler = (async () => {
     while (sampling) {
@@ -137,6 +187,7 @@ async function runLevel(args, concurrency, total, random) {
       if (m) {
         maxRunning = Math.max(maxRunning, m.running || 0);
         maxBlocks = Math.max(maxBlocks, m.blocksUsed || 0);
+        maxSaved = Math.max(maxSaved, m.blocksSaved || 0);
       }
       await new Promise((r) => setTimeout(r, 100));
     }
@@ -146,7 +197,8 @@ async function runLevel(args, concurrency, total, random) {
   const begin = performance.now();
   await Promise.all(Array.from({ length: concurrency }, async () => {
     while (next < total && Date.now() < deadline) {
-      results.push(await oneRequest(args, prompts[next++], deadline));
+      const [prompt, maxTokens] = requests[next++];
+      results.push(await oneRequest(args, prompt, deadline, maxTokens));
     }
   }));
   const seconds = (performance.now() - begin) / 1000;
@@ -161,9 +213,13 @@ async function runLevel(args, concurrency, total, random) {
   const refused = results.filter((r) => r.status === 429 || r.status === 503).length;
   const promptTokens = prompts.slice(0, results.length).reduce((s, p) => s + p.length, 0);
   const promptDone = ok.reduce((s, r) => s + r.promptTokens, 0);
+  const delta = (key) => (before && after ? after[key] - before[key] : NaN);
   return { label: args.label, concurrency, requests: total, done: ok.length, refused,
     failed: results.length - ok.length - refused, seconds, tokens, promptTokens,
     tokensPerSecond: tokens / seconds, totalTokensPerSecond: (tokens + promptDone) / seconds,
+    requestsPerSecond: ok.length / seconds,
+    prefixHitRate: delta('prefixHits') / delta('prefixQueries'),
+    maxBlocksSaved: maxSaved, maxMiBSaved: after ? (maxSaved * after.blockBytes) / 2 ** 20 : NaN,
     ttftP50: percentile(ttft, 50), ttftP99: percentile(ttft, 99),
     itlP50: percentile(itl, 50), itlP99: percentile(itl, 99),
     maxRunning, maxBlocksUsed: maxBlocks, blocksTotal: after ? after.blocksTotal : NaN,
@@ -201,6 +257,10 @@ function summarize(file, baseline) {
     (r, base) => `${f(r.totalTokensPerSecond, 1)}${ratio(r.totalTokensPerSecond, base?.totalTokensPerSecond)}`);
   table(`TTFT p50 / ITL (TPOT) p50 in ms (ratio vs ${baseline}; lower is better)`,
     (r, base) => `${f(r.ttftP50)}${ratio(r.ttftP50, base?.ttftP50)} / ${f(r.itlP50)}${ratio(r.itlP50, base?.itlP50)}`);
+  if (rows.some((r) => Number.isFinite(r.prefixHitRate))) {
+    table('Prefix cache: prompt tokens found cached (%), most KV MiB saved by sharing at once',
+      (r) => `${f(100 * r.prefixHitRate, 1)} %, ${f(r.maxMiBSaved, 1)} MiB`);
+  }
 }
 
 const args = parseArgs(process.argv.slice(2));
@@ -211,14 +271,16 @@ if (args.summarize) {
 const random = makeRandom(Number(args.seed));
 // One short unmeasured request first: the first one maps the weights in and
 // fills the caches, which would otherwise land in the first level's figures.
-const warm = await oneRequest({ ...args, 'max-tokens': 2 }, [1, 2, 3, 4, 5, 6, 7, 8], Date.now() + 600000);
+const warm = await oneRequest(args, [1, 2, 3, 4, 5, 6, 7, 8], Date.now() + 600000, 2);
 if (warm.status !== 200) throw new Error(`the warm-up request failed (${warm.status})`);
 if (!args['no-header']) {
   console.log('| label | concurrency | requests ok / refused / failed | prompt tokens | generated tok/s | ' +
-    'prompt + generated tok/s | TTFT p50 ms | TTFT p99 ms | ITL (TPOT) p50 ms | ITL (TPOT) p99 ms | max running | ' +
-    'max KV blocks used / total | preemptions |');
-  console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
+    'prompt + generated tok/s | requests/s | TTFT p50 ms | TTFT p99 ms | ITL (TPOT) p50 ms | ITL (TPOT) p99 ms | ' +
+    'max running | max KV blocks used / total | preemptions | prefix hit % | max MiB saved by sharing |');
+  console.log('| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |');
 }
+// The shared system prompts are drawn once, before every level's requests.
+const systems = Array.from({ length: args.sharedCount }, () => drawTokens(args, random, args.sharedTokens));
 const levels = String(args.concurrency).split(',').map(Number);
 const counts = String(args.requests).split(',');
 if (counts.length !== 1 && counts.length !== levels.length) {
@@ -228,10 +290,12 @@ for (const [i, level] of levels.entries()) {
   const count = counts.length === 1 ? counts[0] : counts[i];
   const total = count === 'auto' ? Math.max(8, 2 * level) : Number(count);
   if (!(Number.isInteger(total) && total >= 1)) throw new Error(`--requests: ${count} is not a count`);
-  const r = await runLevel(args, level, total, random);
+  const r = await runLevel(args, level, total, random, systems);
   if (args.json) appendFileSync(args.json, JSON.stringify(r) + '\n');
-  const prompt = args.promptMin === args.promptMax ? `${args.promptMin}` : `${args.promptMin}-${args.promptMax}`;
+  let prompt = args.promptMin === args.promptMax ? `${args.promptMin}` : `${args.promptMin}-${args.promptMax}`;
+  if (args.sharedCount) prompt = `${args.sharedCount} x ${args.sharedTokens} shared + ${prompt}`;
   console.log(`| ${args.label} | ${level} | ${r.done} / ${r.refused} / ${r.failed} | ${prompt} | ` +
-    `${f(r.tokensPerSecond, 2)} | ${f(r.totalTokensPerSecond, 1)} | ${f(r.ttftP50)} | ${f(r.ttftP99)} | ${f(r.itlP50)} | ${f(r.itlP99)} | ` +
-    `${r.maxRunning} | ${r.maxBlocksUsed} / ${f(r.blocksTotal, 0)} | ${f(r.preemptions, 0)} |`);
+    `${f(r.tokensPerSecond, 2)} | ${f(r.totalTokensPerSecond, 1)} | ${f(r.requestsPerSecond, 3)} | ${f(r.ttftP50)} | ${f(r.ttftP99)} | ` +
+    `${f(r.itlP50)} | ${f(r.itlP99)} | ${r.maxRunning} | ${r.maxBlocksUsed} / ${f(r.blocksTotal, 0)} | ` +
+    `${f(r.preemptions, 0)} | ${f(100 * r.prefixHitRate, 1)} | ${f(r.maxMiBSaved, 1)} |`);
 }

@@ -5,7 +5,15 @@
 # harness (tools/llamacpp/harness.cc) against it.
 #
 #   scripts/build_llama_cpp.sh [target ...]   default: llama + harness
+#   scripts/build_llama_cpp.sh --server       llama-server (bench/serve_vs_llamacpp.sh)
 # Prints the cache's bin directory on the last line.
+#
+# llama-server needs LLAMA_BUILD_SERVER=ON (plus its vendored cpp-httplib and
+# an empty web UI: LLAMA_BUILD_UI and LLAMA_USE_PREBUILT_UI off, so the
+# build neither runs npm nor downloads the UI from Hugging Face). It is built
+# in its own folder (build-server) with the same flags, so turning the
+# server on never reconfigures, and never invalidates, the cached build the
+# conformance tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -38,14 +46,26 @@ if [ ! -f "$CACHE/src/CMakeLists.txt" ]; then
   rm -rf "$CACHE/src"
   git clone -q "$SRC" "$CACHE/src"
 fi
+COMMON=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF)
+if [ "${1:-}" = "--server" ]; then
+  if [ ! -f "$CACHE/build-server/CMakeCache.txt" ]; then
+    cmake -S "$CACHE/src" -B "$CACHE/build-server" "${COMMON[@]}" -DLLAMA_BUILD_SERVER=ON \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF "${ISA[@]}" \
+      >"$CACHE/configure-server.log" 2>&1 || { tail -30 "$CACHE/configure-server.log" >&2; exit 1; }
+  fi
+  cmake --build "$CACHE/build-server" --target llama-server >"$CACHE/build-server.log" 2>&1 \
+    || { tail -30 "$CACHE/build-server.log" >&2; exit 1; }
+  mkdir -p "$CACHE/bin"
+  ln -sf "$CACHE/build-server/bin/llama-server" "$CACHE/bin/llama-server"
+  echo "$CACHE/bin"
+  exit 0
+fi
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(llama)
 if [ ! -f "$CACHE/build/CMakeCache.txt" ]; then
-  cmake -S "$CACHE/src" -B "$CACHE/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_APP=OFF "${ISA[@]}" >"$CACHE/configure.log" 2>&1 \
-    || { tail -30 "$CACHE/configure.log" >&2; exit 1; }
+  cmake -S "$CACHE/src" -B "$CACHE/build" "${COMMON[@]}" -DLLAMA_BUILD_SERVER=OFF \
+    "${ISA[@]}" >"$CACHE/configure.log" 2>&1 || { tail -30 "$CACHE/configure.log" >&2; exit 1; }
 fi
 cmake --build "$CACHE/build" --target "${TARGETS[@]}" >"$CACHE/build.log" 2>&1 \
   || { tail -30 "$CACHE/build.log" >&2; exit 1; }

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -41,6 +43,19 @@ struct KvUsage {
   size_t bytes_used = 0;        // == BytesUsed(): used blocks + side data
   size_t bytes_reserved = 0;    // the whole budget (arena + side data); 0 = grows on demand
   int64_t sequences = 0;
+  // Prefix caching: blocks kept only for reuse (no sequence holds them;
+  // counted free, evicted when needed), and the blocks the sequences' tables
+  // name, counting a shared block once per sequence: blocks_logical -
+  // blocks_used is what sharing saves.
+  int64_t blocks_cached = 0;
+  int64_t blocks_logical = 0;
+};
+
+// A cached prefix (KvCache::FindCachedPrefix).
+struct KvPrefixHit {
+  int64_t tokens = 0;       // leading tokens whose K/V are cached
+  int64_t blocks = 0;       // blocks holding them (the last one may be used only in part)
+  int64_t idle_blocks = 0;  // of those, blocks no sequence holds now (free until reused)
 };
 
 class KvCache {
@@ -80,6 +95,37 @@ class KvCache {
   // tokens) leave `out` unspecified.
   virtual Status Attend(SeqId seq, int64_t layer, int64_t n, const float* q, float scale,
                         float* out) const = 0;
+
+  // Prefix caching (vLLM's automatic prefix caching): full blocks are named
+  // by a chain hash of their tokens; a new sequence can start from the
+  // longest cached run of blocks of its prompt, shared copy-on-write, and
+  // blocks no sequence holds stay cached until memory is needed.
+  // Why this cache cannot share prefixes exactly, or "" when it can.
+  virtual std::string PrefixCachingUnsupported() const { return "the KV cache is not paged"; }
+  // On or off (off forgets every cached block). Errors, changing nothing,
+  // when PrefixCachingUnsupported() is not empty.
+  virtual Status SetPrefixCaching(bool enabled) {
+    return enabled ? Status::Error(PrefixCachingUnsupported()) : Status::Ok();
+  }
+  // The longest cached prefix of `tokens` of at most `max_tokens` tokens.
+  // Changes nothing.
+  virtual KvPrefixHit FindCachedPrefix(std::span<const int32_t> tokens, int64_t max_tokens) const {
+    (void)tokens, (void)max_tokens;
+    return {};
+  }
+  // Starts `seq` holding the first `reuse` tokens of `tokens` from cached
+  // blocks: `reuse` is FindCachedPrefix(tokens, ...).tokens with nothing
+  // changed since (0: same as AddSequence).
+  virtual Status AddSequenceWithPrefix(SeqId seq, std::span<const int32_t> tokens, int64_t reuse) {
+    if (reuse != 0) return Status::Error("this KV cache keeps no prefixes");
+    (void)tokens;
+    return AddSequence(seq);
+  }
+  // Records the full blocks `seq` stores as cached prefixes: `tokens` are
+  // its token ids (at least the stored ones). No-op while caching is off.
+  virtual void CacheFullBlocks(SeqId seq, std::span<const int32_t> tokens) {
+    (void)seq, (void)tokens;
+  }
 
   // Bytes of cache storage currently in use (including any side data).
   virtual size_t BytesUsed() const = 0;

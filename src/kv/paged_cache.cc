@@ -132,6 +132,11 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   cache->v_calibrated_.assign(instances, 0);
   KVQ_ASSIGN_OR_RETURN(cache->allocator_,
                        BlockAllocator::Create(layout.block_bytes, layout.num_blocks));
+  // The cache owns the allocator, so the callback never outlives `cache`.
+  PagedKvCache* self = cache.get();
+  cache->allocator_->SetEvictionCallback([self](BlockId block) {
+    if (self->prefix_ != nullptr) self->prefix_->Erase(block);
+  });
   if (options.rotate) cache->type_name_ += "+rot";
   KVQ_RETURN_IF_ERROR(cache->AllocateRunState());
   return cache;
@@ -252,7 +257,10 @@ Status PagedKvCache::AddSequence(SeqId seq) {
 void PagedKvCache::ReleaseSequence(SeqId seq) {
   Sequence* s = Find(seq);
   if (s == nullptr) return;
-  for (BlockId b : s->blocks) allocator_->Unref(b);
+  // Last block first: cached blocks go idle in this order, so under memory
+  // pressure a prefix's tail is evicted before its head (which more
+  // sequences are likely to share), as in vLLM.
+  for (auto it = s->blocks.rbegin(); it != s->blocks.rend(); ++it) allocator_->Unref(*it);
   for (BlockId b : s->staging_charge) allocator_->Unref(b);
   sequences_.erase(seq);
 }
@@ -321,6 +329,8 @@ Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
       static_cast<size_t>((length + layout_.block_tokens - 1) / layout_.block_tokens);
   for (size_t j = keep; j < s->blocks.size(); ++j) allocator_->Unref(s->blocks[j]);
   s->blocks.resize(std::min(keep, s->blocks.size()));
+  const size_t full = static_cast<size_t>(length / layout_.block_tokens);
+  s->block_hashes.resize(std::min(full, s->block_hashes.size()));
   std::fill(s->lengths.begin(), s->lengths.end(), length);
   return Status::Ok();
 }
@@ -336,7 +346,7 @@ int64_t PagedKvCache::TokensThatFit(const Sequence& s) const {
   const int64_t length = *std::max_element(s.lengths.begin(), s.lengths.end());
   int64_t free_blocks = allocator_->NumFree();
   int64_t room = static_cast<int64_t>(s.blocks.size()) * bt - length;
-  if (length % bt != 0 && allocator_->RefCount(s.blocks[static_cast<size_t>(length / bt)]) > 1) {
+  if (length % bt != 0 && MustCopy(s.blocks[static_cast<size_t>(length / bt)])) {
     // The shared partial block must be copied before the first write.
     if (free_blocks == 0) return 0;
     --free_blocks;
@@ -355,7 +365,7 @@ Status PagedKvCache::PrepareWrite(Sequence& s, int64_t first_block, int64_t last
   const int64_t have = static_cast<int64_t>(s.blocks.size());
   int64_t needed = std::max<int64_t>(0, last_block + 1 - have);
   for (int64_t j = first_block; j <= std::min(last_block, have - 1); ++j) {
-    if (allocator_->RefCount(s.blocks[static_cast<size_t>(j)]) > 1) ++needed;
+    if (MustCopy(s.blocks[static_cast<size_t>(j)])) ++needed;
   }
   if (needed > allocator_->NumFree()) {
     return Status::Error("KV cache out of memory: " + std::to_string(needed) + " more blocks of " +
@@ -365,7 +375,7 @@ Status PagedKvCache::PrepareWrite(Sequence& s, int64_t first_block, int64_t last
   }
   for (int64_t j = first_block; j <= std::min(last_block, have - 1); ++j) {
     BlockId& block = s.blocks[static_cast<size_t>(j)];
-    if (allocator_->RefCount(block) == 1) continue;
+    if (!MustCopy(block)) continue;
     // Copy-on-write: the block holds every layer's prefix tokens, so one
     // whole-block copy serves the layers that have not written yet too.
     KVQ_ASSIGN_OR_RETURN(BlockId copy, allocator_->Allocate());
@@ -818,6 +828,10 @@ KvUsage PagedKvCache::Usage() const {
   usage.bytes_reserved =
       static_cast<size_t>(allocator_->NumBlocks()) * layout_.block_bytes + layout_.side_bytes;
   usage.sequences = static_cast<int64_t>(sequences_.size());
+  usage.blocks_cached = allocator_->NumIdle();
+  for (const auto& [id, seq] : sequences_) {
+    usage.blocks_logical += static_cast<int64_t>(seq.blocks.size() + seq.staging_charge.size());
+  }
   return usage;
 }
 

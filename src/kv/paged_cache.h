@@ -11,6 +11,14 @@
 // its slot in a block (written when it is encoded), so block accounting is
 // unchanged.
 //
+// Prefix caching (KvCache's interface; kv/prefix_index.h, definitions in
+// paged_cache_prefix.cc): full blocks are published under their chain hash
+// and retained by the allocator, so a new sequence can start from a cached
+// run of blocks and idle cached blocks are evicted least recently used. A
+// retained block is never written in place: like a shared one, it is copied
+// on the first write. Only caches without per-sequence f16 staging share
+// prefixes (PrefixCachingUnsupported says why).
+//
 // Run state is allocated once: per-thread attention scratch when the cache
 // is made, encode and staging buffers grown to the largest append seen, so
 // decoding a token allocates nothing. Attend is therefore not reentrant (one
@@ -29,6 +37,7 @@
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_factory.h"
+#include "kv/prefix_index.h"
 #include "kv/streaming.h"
 
 namespace kvq {
@@ -51,6 +60,11 @@ class PagedKvCache final : public KvCache {
   size_t BytesUsed() const override;
   KvUsage Usage() const override;
   const char* TypeName() const override { return type_name_.c_str(); }
+  std::string PrefixCachingUnsupported() const override;
+  Status SetPrefixCaching(bool enabled) override;
+  KvPrefixHit FindCachedPrefix(std::span<const int32_t> tokens, int64_t max_tokens) const override;
+  Status AddSequenceWithPrefix(SeqId seq, std::span<const int32_t> tokens, int64_t reuse) override;
+  void CacheFullBlocks(SeqId seq, std::span<const int32_t> tokens) override;
 
   const KvLayout& layout() const { return layout_; }
   const BlockAllocator& allocator() const { return *allocator_; }
@@ -73,6 +87,9 @@ class PagedKvCache final : public KvCache {
     std::vector<int64_t> lengths;                 // [num_layers] tokens stored per layer
     std::vector<BlockId> staging_charge;          // blocks charged for the staging below
     std::vector<KvStaging> k_staging, v_staging;  // [num_layers] (kv/streaming.h)
+    // Chain hashes of the leading full blocks (published, found in the
+    // prefix index, or duplicates of published ones): prefix caching only.
+    std::vector<uint64_t> block_hashes;
   };
 
   PagedKvCache(const KvShape& shape, const KvCacheOptions& options, const KvLayout& layout);
@@ -83,6 +100,15 @@ class PagedKvCache final : public KvCache {
   int64_t MaxBlocksPerSequence() const {
     return (options_.max_tokens + layout_.block_tokens - 1) / layout_.block_tokens;
   }
+  // Whether writing into `block` must copy it first (shared, or retained by
+  // the prefix cache).
+  bool MustCopy(BlockId block) const {
+    return allocator_->RefCount(block) > 1 || allocator_->IsRetained(block);
+  }
+  // Walks the cached full blocks of `tokens` from the start (at most
+  // max_blocks): fn(block index, hash, block) for each; returns how many.
+  template <class F>
+  int64_t WalkCachedBlocks(std::span<const int32_t> tokens, int64_t max_blocks, const F& fn) const;
   // Free blocks this sequence can still fill, counting the copy a shared
   // partial last block would need.
   int64_t TokensThatFit(const Sequence& s) const;
@@ -166,6 +192,7 @@ class PagedKvCache final : public KvCache {
   void ApplyMatrices(const std::vector<const float*>& matrices, int64_t layer, bool transpose,
                      float* x, int64_t rows, int64_t row_heads, int64_t heads_per_matrix) const;
   std::map<SeqId, Sequence> sequences_;
+  std::unique_ptr<KvPrefixIndex> prefix_;  // null while prefix caching is off
 
   // Attention scratch of one OpenMP thread (sized in Create for the largest
   // task: max_rows query rows, a softmax chunk, the codecs' prepared query).

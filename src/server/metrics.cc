@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "server/scheduler.h"
@@ -72,6 +73,8 @@ void ServerMetrics::RecordStep(const StepReport& report, int64_t running, int64_
   prompt_tokens_ += report.prompt_tokens;
   generation_tokens_ += report.generated_tokens;
   preemptions_ += report.preemptions;
+  prefix_queries_ += report.prefix_cache_queries;
+  prefix_hits_ += report.prefix_cache_hits;
   if (report.batch_sequences > 0) {
     ++steps_;
     batch_size_.Observe(static_cast<double>(report.batch_sequences));
@@ -125,6 +128,12 @@ std::string ServerMetrics::Render() const {
   Gauge("kvq_kv_usage_ratio", "Fraction of KV cache blocks in use.",
         usage_.blocks_total > 0 ? static_cast<double>(usage_.blocks_used) / usage_.blocks_total : 0,
         &out);
+  Gauge("kvq_kv_blocks_cached",
+        "KV cache blocks kept only as cached prefixes (counted free; evicted when needed).",
+        usage_.blocks_cached, &out);
+  Gauge("kvq_kv_blocks_saved_by_sharing",
+        "KV cache blocks sequences would hold without shared prefixes, minus those in use.",
+        std::max<int64_t>(0, usage_.blocks_logical - usage_.blocks_used), &out);
   Gauge("kvq_num_requests_running", "Requests in the running batch.", running_, &out);
   Gauge("kvq_num_requests_waiting", "Requests waiting for admission.", waiting_, &out);
   Counter("kvq_prompt_tokens_total",
@@ -132,6 +141,11 @@ std::string ServerMetrics::Render() const {
   Counter("kvq_generation_tokens_total", "Tokens generated.", generation_tokens_, &out);
   Counter("kvq_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later).",
           preemptions_, &out);
+  // vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
+  Counter("kvq_prefix_cache_queries_total",
+          "Prompt tokens looked up in the prefix cache at admission.", prefix_queries_, &out);
+  Counter("kvq_prefix_cache_hits_total",
+          "Prompt tokens found in the prefix cache (reused, not computed).", prefix_hits_, &out);
   Counter("kvq_requests_rejected_total", "Requests refused with 429/503 (queue full, shutdown).",
           rejected_, &out);
   Counter("kvq_engine_steps_total", "Forward passes run by the scheduler.", steps_, &out);

@@ -49,6 +49,7 @@ class ServerMetrics {
   KvUsage usage_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, rejected_ = 0;
   int64_t steps_ = 0;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
   std::vector<std::pair<std::string, int64_t>> finished_;  // finish reason -> count
   Histogram ttft_, itl_, batch_size_;
 };

@@ -41,7 +41,17 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(Transformer& model,
         "scheduler: max_num_seqs, max_num_batched_tokens, max_model_len and block_tokens must be "
         "positive");
   }
-  return std::unique_ptr<Scheduler>(new Scheduler(model, tokenizer, cache, options));
+  auto scheduler = std::unique_ptr<Scheduler>(new Scheduler(model, tokenizer, cache, options));
+  if (options.enable_prefix_caching) {
+    const Status on = cache.SetPrefixCaching(true);
+    if (!on.ok()) {
+      scheduler->options_.enable_prefix_caching = false;
+      scheduler->prefix_caching_note_ = on.message();
+    }
+  } else {
+    KVQ_RETURN_IF_ERROR(cache.SetPrefixCaching(false));
+  }
+  return scheduler;
 }
 
 Status Scheduler::Validate(const ServeRequest& request) const {
@@ -130,18 +140,39 @@ void Scheduler::DropCancelled() {
 void Scheduler::Admit() {
   // Blocks already promised: what running sequences still have to compute.
   int64_t promised = 0;
-  for (const auto& s : running_) {
-    promised += BlocksFor(static_cast<int64_t>(s->tokens.size())) - BlocksFor(s->computed);
-  }
+  for (const auto& s : running_) promised += PendingBlocks(*s);
+  const int64_t bt = options_.block_tokens;
   while (!waiting_.empty() && num_running() < options_.max_num_seqs) {
     Sequence& s = *waiting_.front();
-    // A sequence also takes its f16 windows' blocks when it starts.
-    const int64_t need = BlocksFor(static_cast<int64_t>(s.tokens.size()));
-    if (FreeBlocks() - promised < need + sequence_blocks_) break;  // first come, first served
-    if (!cache_.AddSequence(s.seq).ok()) break;  // id still in use: retry next step
+    const int64_t size = static_cast<int64_t>(s.tokens.size());
+    // The last token always runs: its logits give the next token.
+    KvPrefixHit hit;
+    if (options_.enable_prefix_caching) hit = cache_.FindCachedPrefix(s.tokens, size - 1);
+    int64_t cow = hit.tokens % bt != 0 ? 1 : 0;
+    // New blocks, the copy of a partly used cached block, the f16 windows'
+    // blocks a sequence takes when it starts, and the idle cached blocks it
+    // revives (counted free until now).
+    int64_t need = BlocksFor(size) - hit.blocks + cow + sequence_blocks_ + hit.idle_blocks;
+    const int64_t available = FreeBlocks() - promised;
+    if (need > available && BlocksFor(size) + sequence_blocks_ <= available) {
+      // Only idle blocks hit and the copy makes the request need one block
+      // more than computing its prompt, which fits now: with nothing else
+      // to free blocks (or a request that fills the whole cache) it would
+      // otherwise never start.
+      hit = KvPrefixHit{};
+      cow = 0;
+      need = BlocksFor(size) + sequence_blocks_;
+    }
+    if (available < need) break;  // first come, first served
+    if (!cache_.AddSequenceWithPrefix(s.seq, s.tokens, hit.tokens).ok()) break;  // id in use
     s.in_cache = true;
-    s.computed = 0;
-    promised += need;
+    s.computed = hit.tokens;
+    s.cow_blocks = cow;
+    promised += PendingBlocks(s);
+    if (options_.enable_prefix_caching) {
+      prefix_queries_ += size;
+      prefix_hits_ += hit.tokens;
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -153,6 +184,7 @@ void Scheduler::Preempt(size_t index, StepReport* report) {
   cache_.ReleaseSequence(s->seq);
   s->in_cache = false;
   s->computed = 0;
+  s->cow_blocks = 0;
   ++report->preemptions;
   // Back in arrival order, so it runs again before anything that came later.
   auto pos = std::find_if(waiting_.begin(), waiting_.end(),
@@ -214,6 +246,9 @@ bool Scheduler::AcceptToken(Sequence& s, const float* logits, StepReport* report
 Status Scheduler::Step(StepReport* report) {
   *report = StepReport{};
   const Status status = StepBatch(report);
+  report->prefix_cache_queries = prefix_queries_;
+  report->prefix_cache_hits = prefix_hits_;
+  prefix_queries_ = prefix_hits_ = 0;
   report->finish_reasons = std::move(finish_log_);
   finish_log_.clear();
   report->finished = static_cast<int64_t>(report->finish_reasons.size());
@@ -230,9 +265,7 @@ Status Scheduler::StepBatch(StepReport* report) {
   auto decode_blocks = [this] {
     int64_t need = 0;
     for (const auto& s : running_) {
-      if (static_cast<int64_t>(s->tokens.size()) - s->computed == 1) {
-        need += BlocksFor(s->computed + 1) - BlocksFor(s->computed);
-      }
+      if (static_cast<int64_t>(s->tokens.size()) - s->computed == 1) need += PendingBlocks(*s);
     }
     return need;
   };
@@ -258,12 +291,14 @@ Status Scheduler::StepBatch(StepReport* report) {
   for (const auto& s : running_) {  // prefill chunks, oldest first
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->computed;
     if (remaining <= 1 || budget < 1) continue;
-    // Tokens that fit the blocks this sequence has plus the free ones.
+    // Tokens that fit the blocks this sequence has plus the free ones
+    // (less the copy of a cached block it writes into first).
     const int64_t fits =
-        (BlocksFor(s->computed) + free_blocks) * options_.block_tokens - s->computed;
+        (BlocksFor(s->computed) + free_blocks - s->cow_blocks) * options_.block_tokens -
+        s->computed;
     const int64_t n = std::min({remaining, budget, fits});
     if (n < 1) continue;
-    free_blocks -= BlocksFor(s->computed + n) - BlocksFor(s->computed);
+    free_blocks -= BlocksFor(s->computed + n) - BlocksFor(s->computed) + s->cow_blocks;
     budget -= n;
     const auto first = s->tokens.begin() + s->computed;
     batch.push_back({s->seq, std::vector<int32_t>(first, first + n), false});
@@ -295,6 +330,9 @@ Status Scheduler::StepBatch(StepReport* report) {
   for (size_t i = 0; i < rows.size(); ++i) {
     Sequence& s = *rows[i];
     s.computed += static_cast<int64_t>(batch[i].tokens.size());
+    s.cow_blocks = 0;
+    // Before the token is accepted: a finished request releases its blocks.
+    if (options_.enable_prefix_caching) cache_.CacheFullBlocks(s.seq, s.tokens);
     if (samples[i] && AcceptToken(s, logits_.data() + i * static_cast<size_t>(vocab_), report)) {
       done.push_back(&s);
     }

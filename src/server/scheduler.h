@@ -11,6 +11,17 @@
 // waiting queue to be recomputed (prompt + what it generated so far) later.
 // Its output stream is not interrupted; the client only sees a pause.
 //
+// Prefix caching (vLLM's automatic prefix caching, on by default where the
+// cache supports it: KvCache::PrefixCachingUnsupported): after every step
+// the full blocks a sequence computed are offered to the cache under the
+// chain hash of their tokens, and a request starts from the longest run of
+// cached blocks of its prompt (at most all but its last token, whose logits
+// are needed), prefilling only the rest. A partly used last block is copied
+// on the first write. Admission counts only the blocks a request really
+// needs: new blocks, that copy, and cached blocks it revives (idle cached
+// blocks count as free until then, and are evicted least recently used).
+// A preempted sequence is usually recomputed from its own cached blocks.
+//
 // Pure logic on the calling thread: no locks, no HTTP. The engine loop
 // (engine_loop.h) owns the thread that calls it.
 #pragma once
@@ -38,6 +49,9 @@ struct SchedulerOptions {
   int64_t max_num_batched_tokens = 512;  // tokens in one Forward (decodes + prefill chunks)
   int64_t max_model_len = 0;             // prompt + generated tokens per sequence; required
   int64_t block_tokens = 16;             // the cache's tokens per block
+  // Share cached prompt prefixes (see above). Create turns it off, saying
+  // why in prefix_caching_note(), when the cache cannot share exactly.
+  bool enable_prefix_caching = true;
 };
 
 // What one step did, for metrics.
@@ -47,6 +61,10 @@ struct StepReport {
   int64_t generated_tokens = 0;  // tokens sampled
   int64_t preemptions = 0;
   int64_t finished = 0;
+  // Prefix caching, at admission (vLLM's prefix_cache_queries / _hits):
+  // prompt tokens looked up, and those found cached (not computed).
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
   std::vector<std::string> finish_reasons;  // one per request that ended this step
   std::vector<double> time_to_first_token;  // seconds, one per first token this step
   std::vector<double> inter_token_latency;  // seconds, one per later token this step
@@ -75,6 +93,9 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   const SchedulerOptions& options() const { return options_; }
+  bool prefix_caching() const { return options_.enable_prefix_caching; }
+  // Why prefix caching was asked for but is off ("" otherwise).
+  const std::string& prefix_caching_note() const { return prefix_caching_note_; }
 
   // Drops cancelled requests, admits waiting ones, runs one Forward. An
   // error from the model fails the requests of that batch (their channels
@@ -96,6 +117,9 @@ class Scheduler {
     std::vector<int32_t> tokens;  // prompt + generated
     int64_t computed = 0;         // tokens of `tokens` stored in the cache
     int64_t generated = 0;
+    // 1 while the next write lands in a cached block that must be copied
+    // first (a prefix reused up to the middle of a block).
+    int64_t cow_blocks = 0;
     std::string held;  // decoded text not yet sent (incomplete UTF-8 or a possible stop prefix)
     std::vector<TokenLogprob> logprobs;  // sampled since the last event (request.logprobs >= 0)
     size_t max_stop_bytes = 0;
@@ -109,6 +133,10 @@ class Scheduler {
     return (tokens + options_.block_tokens - 1) / options_.block_tokens;
   }
   int64_t FreeBlocks() const;
+  // Blocks a running sequence still needs for what it must compute.
+  int64_t PendingBlocks(const Sequence& s) const {
+    return BlocksFor(static_cast<int64_t>(s.tokens.size())) - BlocksFor(s.computed) + s.cow_blocks;
+  }
   Status StepBatch(StepReport* report);
   void DropCancelled();
   void Admit();
@@ -130,6 +158,8 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;   // ascending order
   std::vector<std::string> finish_log_;             // reasons since the last Step
   std::vector<float> logits_;                       // [batch, vocab]
+  std::string prefix_caching_note_;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;  // since the last Step
 };
 
 }  // namespace kvq

@@ -37,6 +37,13 @@ struct ServeFlags {
   int http_threads = 64;
   double shutdown_timeout = 30;
   int threads = 0;
+  // vLLM's default. Costs a hash per full block; cached blocks no request
+  // holds count as free and are evicted when needed, and greedy outputs
+  // are the same (tests/server/scheduler_test.cc), so only sharing is
+  // gained. Caches with f16 windows cannot share; the default then falls
+  // back to off with a note, an explicit --enable-prefix-caching fails.
+  bool enable_prefix_caching = true;
+  bool prefix_caching_explicit = false;
   KvFlags kv;
 };
 
@@ -149,9 +156,18 @@ int RunServe(const ServeFlags& flags) {
   scheduler_options.max_num_batched_tokens = flags.max_num_batched_tokens;
   scheduler_options.max_model_len = max_model_len;
   scheduler_options.block_tokens = kv_options->block_tokens;
+  scheduler_options.enable_prefix_caching = flags.enable_prefix_caching;
   auto scheduler =
       Scheduler::Create(*loaded->transformer, *loaded->tokenizer, **cache, scheduler_options);
   if (!scheduler.ok()) return Fail(scheduler.status().message());
+  if (!(*scheduler)->prefix_caching_note().empty()) {
+    if (flags.prefix_caching_explicit) {
+      return Fail("--enable-prefix-caching: " + (*scheduler)->prefix_caching_note());
+    }
+    std::fprintf(stderr, "kvq serve: prefix caching off: %s\n",
+                 (*scheduler)->prefix_caching_note().c_str());
+  }
+  const bool prefix_caching = (*scheduler)->prefix_caching();
   EngineLoopOptions loop_options;
   loop_options.max_waiting = flags.max_waiting;
   EngineLoop engine(std::move(scheduler).value(), **cache, loop_options);
@@ -166,13 +182,14 @@ int RunServe(const ServeFlags& flags) {
   const KvUsage usage = (*cache)->Usage();
   std::fprintf(stderr,
                "kvq serve: model '%s' (%s), KV cache %s: %lld blocks of %lld tokens (%.1f MiB), "
-               "%lld blocks per sequence for f16 windows, max-model-len %lld, max-num-seqs %lld\n",
+               "%lld blocks per sequence for f16 windows, max-model-len %lld, max-num-seqs %lld, "
+               "prefix caching %s\n",
                http_options->model_name.c_str(), loaded->path.c_str(), (*cache)->TypeName(),
                static_cast<long long>(usage.blocks_total),
                static_cast<long long>(usage.block_tokens),
                static_cast<double>(usage.bytes_reserved) / (1 << 20),
                static_cast<long long>(usage.sequence_blocks), static_cast<long long>(max_model_len),
-               static_cast<long long>(flags.max_num_seqs));
+               static_cast<long long>(flags.max_num_seqs), prefix_caching ? "on" : "off");
   ServeUntilSignalled(signals, flags, *port, http, engine);
   engine.Stop();
   std::fprintf(stderr, "kvq serve: stopped\n");
@@ -219,8 +236,15 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
       ->check(FiniteRange(0, 3600));
   cmd->add_option("-t,--threads", flags->threads, "Threads for the model (default: all cores)")
       ->check(ThreadsCheck());
+  CLI::Option* prefix = cmd->add_flag(
+      "--enable-prefix-caching,!--no-enable-prefix-caching", flags->enable_prefix_caching,
+      "Share the KV blocks of common prompt prefixes copy-on-write, vLLM's automatic prefix "
+      "caching (default on; off by itself, with a note, for cache types with f16 windows)");
   AddKvCacheFlags(*cmd, &flags->kv);
-  cmd->callback([flags, &ctx] { ctx.exit_code = RunServe(*flags); });
+  cmd->callback([flags, prefix, &ctx] {
+    flags->prefix_caching_explicit = prefix->count() > 0 && flags->enable_prefix_caching;
+    ctx.exit_code = RunServe(*flags);
+  });
 }
 
 }  // namespace kvq

@@ -113,6 +113,54 @@ TEST(BlockAllocator, RandomOperationsMatchAReferenceModel) {
   }
 }
 
+// Retained blocks park on the idle list when released, still count as free,
+// are revived by Ref, and are evicted oldest release first, only after every
+// truly free block is gone, with the owner told through the callback.
+TEST(BlockAllocator, RetainedBlocksIdleRevivedAndEvictedLeastRecentlyUsed) {
+  auto created = BlockAllocator::Create(64, 4);
+  ASSERT_TRUE(created.ok());
+  BlockAllocator& alloc = **created;
+  std::vector<BlockId> evicted;
+  alloc.SetEvictionCallback([&](BlockId b) { evicted.push_back(b); });
+  std::vector<BlockId> b;
+  for (int i = 0; i < 3; ++i) b.push_back(*alloc.Allocate());
+  for (BlockId x : b) alloc.SetRetained(x, true);
+  alloc.Unref(b[1]);  // released in the order 1, 0, 2
+  alloc.Unref(b[0]);
+  alloc.Unref(b[2]);
+  ASSERT_TRUE(alloc.CheckInvariants().ok()) << alloc.CheckInvariants().message();
+  EXPECT_EQ(alloc.NumIdle(), 3);
+  EXPECT_EQ(alloc.NumFree(), 4);
+  EXPECT_EQ(alloc.NumUsed(), 0);
+  alloc.Ref(b[0]);  // revived: no longer idle or free
+  EXPECT_EQ(alloc.RefCount(b[0]), 1);
+  EXPECT_EQ(alloc.NumIdle(), 2);
+  ASSERT_TRUE(alloc.CheckInvariants().ok()) << alloc.CheckInvariants().message();
+  const BlockId fresh = *alloc.Allocate();  // the never-used block first
+  EXPECT_TRUE(evicted.empty());
+  EXPECT_EQ(*alloc.Allocate(), b[1]);  // then the oldest idle
+  EXPECT_EQ(*alloc.Allocate(), b[2]);
+  EXPECT_EQ(evicted, (std::vector<BlockId>{b[1], b[2]}));
+  EXPECT_FALSE(alloc.IsRetained(b[1]));
+  EXPECT_FALSE(alloc.Allocate().ok());
+  ASSERT_TRUE(alloc.CheckInvariants().ok()) << alloc.CheckInvariants().message();
+  // Un-retaining an idle block frees it; un-retaining a held one lets its
+  // last Unref free it.
+  alloc.Unref(b[0]);
+  EXPECT_EQ(alloc.NumIdle(), 1);
+  alloc.SetRetained(b[0], false);
+  EXPECT_EQ(alloc.NumIdle(), 0);
+  EXPECT_EQ(alloc.NumFree(), 1);
+  alloc.SetRetained(fresh, true);
+  alloc.SetRetained(fresh, false);
+  alloc.Unref(fresh);
+  alloc.Unref(b[1]);
+  alloc.Unref(b[2]);
+  EXPECT_EQ(alloc.NumFree(), 4);
+  EXPECT_EQ(alloc.NumIdle(), 0);
+  EXPECT_TRUE(alloc.CheckInvariants().ok()) << alloc.CheckInvariants().message();
+}
+
 #ifndef NDEBUG
 TEST(BlockAllocatorDeathTest, DoubleFreeIsCaughtInDebugBuilds) {
   auto alloc = BlockAllocator::Create(64, 1);

@@ -29,9 +29,13 @@ TEST(MetricsTest, StepsAccumulateAndGaugesFollowTheLastStep) {
   step.batch_sequences = 2;
   step.time_to_first_token = {0.2};
   step.finish_reasons = {"stop"};
+  step.prefix_cache_queries = 100;
+  step.prefix_cache_hits = 64;
   KvUsage usage;
   usage.blocks_total = 10;
   usage.blocks_used = 4;
+  usage.blocks_cached = 3;
+  usage.blocks_logical = 9;
   m.RecordStep(step, 2, 3, usage);
   m.RecordStep(step, 1, 0, usage);
   m.RecordRejected();
@@ -46,6 +50,10 @@ TEST(MetricsTest, StepsAccumulateAndGaugesFollowTheLastStep) {
   EXPECT_NE(out.find("kvq_requests_rejected_total 1\n"), std::string::npos);
   EXPECT_NE(out.find("kvq_request_success_total{finished_reason=\"stop\"} 2\n"), std::string::npos);
   EXPECT_NE(out.find("kvq_time_to_first_token_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(out.find("kvq_prefix_cache_queries_total 200\n"), std::string::npos);
+  EXPECT_NE(out.find("kvq_prefix_cache_hits_total 128\n"), std::string::npos);
+  EXPECT_NE(out.find("kvq_kv_blocks_cached 3\n"), std::string::npos);
+  EXPECT_NE(out.find("kvq_kv_blocks_saved_by_sharing 5\n"), std::string::npos);
 }
 
 }  // namespace

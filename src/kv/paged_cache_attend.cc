@@ -1,0 +1,317 @@
+// PagedKvCache's fused attention (paged_cache.h): the run state it uses, sized
+// once, and the tile loop over (query tile, KV head) tasks with split-K.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kv/online_softmax.h"
+#include "kv/paged_cache.h"
+
+namespace kvq {
+namespace {
+
+// Query rows (query tokens x the query heads of one KV head) one task handles
+// together: each K/V tile it reads serves all of them, so prefill reads the
+// cache about n * group / kTargetRows times instead of n * group times, while
+// the per-task buffers ([rows, head_dim] floats) stay in L1/L2.
+constexpr int64_t kTargetRows = 32;
+// Split-K only when every part still has this many tokens to read: below
+// that, merging partial results costs more than the parallelism gains.
+constexpr int64_t kMinTokensPerSplit = 256;
+// Tokens per softmax step. The codecs score one block at a time (a block's
+// tile is what they read), but the online softmax runs over chunks of whole
+// blocks: its per-row max and sum reductions and the rescaling of the
+// accumulator cost as much for one 16-token block as for 256 tokens, and at
+// 16 tokens they cost about as much as the scores themselves.
+constexpr int64_t kChunkTokens = 256;
+// Tokens ahead of the one being scored whose K and V tiles are prefetched.
+// One 16-token block ahead was less than a DRAM round trip of compute on a
+// fast kernel (16 rows of f16 scores take ~0.2 us), so reads still stalled.
+constexpr int64_t kPrefetchTokens = 64;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Parts each (query tile, KV head) task's tokens are split into (split-K)
+// when there are too few tasks to keep every thread busy: the fewest that
+// make the task count a multiple of the threads, or at least twice it. A
+// decode step has one task per KV head, so SmolLM2's 3 KV heads on 2
+// threads become 6 equal parts (3 each) instead of 3 tasks, one thread
+// doing two of them while the other waits. Fewer than 2 * threads + base
+// tasks result (AllocateRunState sizes the partial buffers for that).
+int64_t SplitsFor(int64_t base_tasks, int64_t threads, int64_t tokens) {
+  if (threads <= 1 || base_tasks >= 2 * threads || base_tasks % threads == 0) return 1;
+  int64_t splits = 1;
+  while ((base_tasks * splits) % threads != 0 && base_tasks * splits < 2 * threads) ++splits;
+  return std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, tokens / kMinTokensPerSplit));
+}
+
+}  // namespace
+
+// Everything Attend and a decode step's Append use, sized once (larger
+// prefills grow the append buffers the first time they occur).
+Status PagedKvCache::AllocateRunState() {
+  const int64_t dim = shape_.head_dim, group = shape_.num_heads / shape_.num_kv_heads;
+  const int64_t bt = layout_.block_tokens;
+  max_rows_ = std::max<int64_t>(1, kTargetRows / group) * group;
+  const int64_t chunk = std::max<int64_t>(1, kChunkTokens / bt) * bt;
+  size_t prepared_bytes = 0;
+  for (const auto& codec : k_codecs_) {
+    prepared_bytes = std::max(prepared_bytes, codec->PreparedQueryBytes(max_rows_));
+  }
+  const size_t rows = static_cast<size_t>(max_rows_);
+  thread_scratch_.resize(static_cast<size_t>(std::max(1, num_threads_)));
+  for (ThreadScratch& ts : thread_scratch_) {
+    ts.q_rows.resize(rows * static_cast<size_t>(dim));
+    ts.probs.resize(rows * static_cast<size_t>(chunk));
+    ts.acc.resize(rows * static_cast<size_t>(dim));
+    ts.row_max.resize(rows);
+    ts.row_sum.resize(rows);
+    ts.block.resize(static_cast<size_t>(ScratchFloats(max_rows_)));
+    ts.prepared.resize(prepared_bytes);
+  }
+  // Split-K runs fewer than 4 * threads tasks (SplitsFor: base tasks < 2 * threads).
+  const size_t part_rows = 4 * static_cast<size_t>(std::max(1, num_threads_)) * rows;
+  part_max_.resize(part_rows);
+  part_sum_.resize(part_rows);
+  part_acc_.resize(part_rows * static_cast<size_t>(dim));
+  // One decode step: a token per head, or a whole flush of a streaming codec.
+  int64_t flush = 1;
+  for (const auto* codecs : {&k_codecs_, &v_codecs_}) {
+    for (const auto& codec : *codecs) flush = std::max(flush, codec->streaming().flush_tokens);
+  }
+  const size_t kv_rows = static_cast<size_t>(shape_.num_kv_heads);
+  head_rows_.resize(static_cast<size_t>(flush * dim));
+  matrix_row_.resize(static_cast<size_t>(dim));
+  if (AnyRotation()) {
+    rotated_q_.resize(static_cast<size_t>(shape_.num_heads * dim));
+    rotated_k_.resize(kv_rows * static_cast<size_t>(dim));
+    rotated_v_.resize(kv_rows * static_cast<size_t>(dim));
+  }
+  if (any_streaming_) {
+    staging_scratch_.half.resize(kv_rows * f16_codec_->RowBytes());
+    staging_scratch_.rounded.resize(kv_rows * static_cast<size_t>(dim));
+    staging_scratch_.due.resize(static_cast<size_t>(flush) * kv_rows * static_cast<size_t>(dim));
+  }
+  return Status::Ok();
+}
+
+void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,
+                               float scale, float* out) const {
+  const int64_t dim = shape_.head_dim, heads = shape_.num_heads, kv_heads = shape_.num_kv_heads;
+  const int64_t group = heads / kv_heads, bt = layout_.block_tokens;
+  const int64_t total = s.lengths[static_cast<size_t>(layer)];
+  const int64_t tile_queries = std::clamp<int64_t>(kTargetRows / group, 1, n);
+  const int64_t num_tiles = (n + tile_queries - 1) / tile_queries;
+  const int64_t base_tasks = num_tiles * kv_heads;
+  const int64_t splits = SplitsFor(base_tasks, num_threads_, total);
+  const int64_t num_tasks = base_tasks * splits;
+  const int64_t max_rows = tile_queries * group;
+  const int64_t chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);
+  const int64_t chunk = chunk_blocks * bt;  // tokens per softmax step
+  // Split-K partial results, merged below: running max, sum and unnormalized
+  // accumulator per task and row (buffers sized in AllocateRunState: fewer
+  // than 4 * threads tasks when there are splits).
+  float* part_max = part_max_.data();  // [tasks, max_rows]
+  float* part_sum = part_sum_.data();  // [tasks, max_rows]
+  float* part_acc = part_acc_.data();  // [tasks, max_rows, dim]
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads_, num_tasks));
+
+#pragma omp parallel num_threads(threads)
+  {
+    ThreadScratch& ts = thread_scratch_[static_cast<size_t>(omp_get_thread_num())];
+    float* q_rows = ts.q_rows.data();    // [rows, dim]
+    float* probs = ts.probs.data();      // [rows, chunk]
+    float* acc = ts.acc.data();          // [rows, dim]
+    float* row_max = ts.row_max.data();  // [rows]
+    float* row_sum = ts.row_sum.data();  // [rows]
+    float* scratch = ts.block.data();
+    uint8_t* prepared = ts.prepared.data();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_tasks; ++task) {
+      const int64_t split = task % splits;
+      const int64_t g = (task / splits) % kv_heads;
+      // Later query tiles see more tokens: hand them out first.
+      const int64_t tile = num_tiles - 1 - task / (splits * kv_heads);
+      const int64_t i0 = tile * tile_queries, i1 = std::min(n, i0 + tile_queries);
+      const int64_t rows = (i1 - i0) * group;
+      for (int64_t i = i0; i < i1; ++i) {
+        std::memcpy(&q_rows[(i - i0) * group * dim], q + (i * heads + g * group) * dim,
+                    group * dim * sizeof(float));
+      }
+      k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PrepareQuery(q_rows, rows, prepared);
+      // Query i sees tokens [0, total - n + i]; the tile's last query sees most.
+      const int64_t first_visible = total - n + i0 + 1;
+      const int64_t visible_end = total - n + i1;
+      const int64_t num_blocks = (visible_end + bt - 1) / bt;
+      const int64_t b0 = num_blocks * split / splits, b1 = num_blocks * (split + 1) / splits;
+      std::fill_n(row_max, rows, kNegInf);
+      std::fill_n(row_sum, rows, 0.0f);
+      std::fill_n(acc, rows * dim, 0.0f);
+      const int64_t ahead = std::max<int64_t>(1, kPrefetchTokens / bt);
+      for (int64_t b = b0; b < std::min(b1, b0 + ahead); ++b) PrefetchBlock(s, layer, g, b);
+      for (int64_t c0 = b0; c0 < b1; c0 += chunk_blocks) {
+        const int64_t c1 = std::min(b1, c0 + chunk_blocks);
+        const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
+        for (int64_t b = c0; b < c1; ++b) {
+          const int64_t t0 = b * bt;
+          if (b + ahead < b1) PrefetchBlock(s, layer, g, b + ahead);
+          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows, prepared, rows,
+                      scale, &probs[t0 - t_begin], chunk, scratch);
+        }
+        const bool masked = t_begin + count > first_visible;
+        for (int64_t r = 0; r < rows; ++r) {
+          float* p = &probs[r * chunk];
+          int64_t valid = count;
+          if (masked) {
+            valid = std::clamp<int64_t>(first_visible + r / group - t_begin, 0, count);
+            std::fill(p + valid, p + count, 0.0f);
+            if (valid == 0) continue;
+          }
+          OnlineSoftmaxStep(p, valid, &row_max[r], &row_sum[r], &acc[r * dim], dim);
+        }
+        for (int64_t b = c0; b < c1; ++b) {
+          const int64_t t0 = b * bt;
+          BlockAccumulateV(s, layer, g, t0, std::min(bt, visible_end - t0), &probs[t0 - t_begin],
+                           rows, chunk, acc, scratch);
+        }
+      }
+      if (splits == 1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r / group, h = g * group + r % group;
+          const float inv = 1.0f / row_sum[r];
+          float* o = out + (i * heads + h) * dim;
+          for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
+        }
+      } else {
+        std::copy_n(row_max, rows, part_max + task * max_rows);
+        std::copy_n(row_sum, rows, part_sum + task * max_rows);
+        std::copy_n(acc, rows * dim, part_acc + task * max_rows * dim);
+      }
+    }
+  }
+  if (splits == 1) return;
+  // Exact merge of the split-K parts: with M = max_s m_s, the full softmax
+  // sum is sum_s l_s e^(m_s - M) and the output sum_s acc_s e^(m_s - M) / sum.
+  for (int64_t base = 0; base < base_tasks; ++base) {
+    const int64_t g = base % kv_heads, tile = num_tiles - 1 - base / kv_heads;
+    const int64_t i0 = tile * tile_queries, i1 = std::min(n, i0 + tile_queries);
+    for (int64_t r = 0; r < (i1 - i0) * group; ++r) {
+      float merged_max = kNegInf;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        merged_max = std::max(merged_max, part_max[(base * splits + sp) * max_rows + r]);
+      }
+      float total_sum = 0;
+      float* o = out + ((i0 + r / group) * heads + g * group + r % group) * dim;
+      std::fill(o, o + dim, 0.0f);
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const int64_t task = base * splits + sp;
+        const float m = part_max[task * max_rows + r];
+        if (m == kNegInf) continue;  // this part saw no visible token of the row
+        const float w = std::exp(m - merged_max);
+        total_sum += part_sum[task * max_rows + r] * w;
+        const float* a = &part_acc[(task * max_rows + r) * dim];
+        for (int64_t d = 0; d < dim; ++d) o[d] += a[d] * w;
+      }
+      const float inv = 1.0f / total_sum;
+      for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
+    }
+  }
+}
+
+// A block holds every layer, so one (layer, head)'s rows are a few KiB runs
+// far apart; the hardware prefetchers stop at each run's end and decode
+// attention then waits on DRAM latency at every block. Requesting the next
+// block's tiles while this one is computed hides it.
+void PagedKvCache::PrefetchBlock(const Sequence& s, int64_t layer, int64_t head, int64_t b) const {
+  const uint8_t* block = allocator_->BlockData(s.blocks[static_cast<size_t>(b)]);
+  const uint8_t* k = block + layout_.KTileOffset(layer, head);
+  const uint8_t* v = block + layout_.VTileOffset(layer, head);
+  const size_t k_bytes = layout_.layers[static_cast<size_t>(layer)].k_tile_bytes;
+  const size_t v_bytes = layout_.layers[static_cast<size_t>(layer)].v_tile_bytes;
+  for (size_t i = 0; i < k_bytes; i += 64) __builtin_prefetch(k + i);
+  for (size_t i = 0; i < v_bytes; i += 64) __builtin_prefetch(v + i);
+}
+
+int64_t PagedKvCache::ScratchFloats(int64_t rows) const {
+  if (!any_streaming_) return 0;
+  const int64_t bt = layout_.block_tokens;
+  return std::max(bt * shape_.head_dim, rows * bt);
+}
+
+void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
+                               int64_t count, const float* q, const uint8_t* prepared, int64_t rows,
+                               float scale, float* scores, int64_t stride, float* scratch) const {
+  const KvCodec& codec = *k_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
+  const KvStreaming& st = codec.streaming();
+  const uint8_t* tile =
+      allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
+      layout_.KTileOffset(layer, head);
+  if (st.Plain()) {
+    return codec.ScoresPrepared(tile, count, q, prepared, rows, scale, scores, stride);
+  }
+  // The sinks come last: their f16 scores replace the encoded ones.
+  const KvStaging& staging = StagingOf(s, layer, /*is_v=*/false);
+  ForEachKvSegment(
+      st, staging, head, f16_codec_->RowBytes(), tile, t0, count, [&](const KvSegment& seg) {
+        const KvCodec& rows_codec = seg.kind == KvSegment::kEncoded ? codec : *f16_codec_;
+        float* out = scores + (seg.first - t0);
+        if (!st.pre_rope) {
+          if (seg.kind == KvSegment::kEncoded) {
+            return codec.ScoresPrepared(seg.rows, seg.count, q, prepared, rows, scale, out, stride);
+          }
+          return rows_codec.Scores(seg.rows, seg.count, q, rows, scale, out, stride);
+        }
+        // K was stored before RoPE: rotate the decoded rows to their positions.
+        rows_codec.Decode(seg.rows, seg.count, scratch);  // [count, dim]
+        rope_table_->Apply(seg.first, seg.count, scratch);
+        f32_codec_->Scores(reinterpret_cast<const uint8_t*>(scratch), seg.count, q, rows, scale,
+                           out, stride);
+      });
+  if (st.detect_sinks > 0) {
+    DetectedScores(staging, st, head, t0, count, q, rows, scale, scores, stride, scratch);
+  }
+}
+
+void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0,
+                                    int64_t count, const float* p, int64_t rows, int64_t stride,
+                                    float* acc, float* scratch) const {
+  const KvCodec& codec = *v_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
+  const KvStreaming& st = codec.streaming();
+  const uint8_t* tile =
+      allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
+      layout_.VTileOffset(layer, head);
+  if (st.Plain()) return codec.AccumulateV(tile, count, p, rows, stride, acc);
+  const KvStaging& staging = StagingOf(s, layer, /*is_v=*/true);
+  ForEachKvSegment(
+      st, staging, head, f16_codec_->RowBytes(), tile, t0, count, [&](const KvSegment& seg) {
+        const float* weights = p + (seg.first - t0);
+        if (seg.kind != KvSegment::kEncoded) {
+          return f16_codec_->AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
+        }
+        bool detected = false;
+        for (int64_t t : staging.detected) {
+          detected = detected || (t >= seg.first && t < seg.first + seg.count &&
+                                  staging.DetectedSlot(t, st.sink_tokens) >= 0);
+        }
+        if (seg.shadowed == 0 && !detected) {
+          return codec.AccumulateV(seg.rows, seg.count, weights, rows, stride, acc);
+        }
+        // Sinks (and detected sinks) are read from their f16 rows: weight 0 here.
+        const int64_t n = seg.count;
+        for (int64_t r = 0; r < rows; ++r) {
+          std::copy_n(weights + r * stride, n, scratch + r * n);
+          std::fill_n(scratch + r * n, seg.shadowed, 0.0f);
+          for (int64_t t : staging.detected) {
+            if (t >= seg.first && t < seg.first + n && staging.DetectedSlot(t, st.sink_tokens) >= 0)
+              scratch[r * n + t - seg.first] = 0.0f;
+          }
+        }
+        codec.AccumulateV(seg.rows, n, scratch, rows, n, acc);
+      });
+  if (st.detect_sinks > 0) DetectedValues(staging, st, head, t0, count, p, rows, stride, acc);
+}
+
+}  // namespace kvq

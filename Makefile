@@ -72,7 +72,8 @@ test-sanitize: setup
 	$(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE 'llamacpp|soak' -E '$(ASAN_SKIP)'
 
-# Each libFuzzer target for FUZZ_SECONDS, starting from its seed corpus.
+# Each libFuzzer target for FUZZ_SECONDS, starting from its seed corpus, one
+# target per core at a time (scripts/fuzz_one.sh; xargs fails if any fails).
 # FuzzBuild is -O1 with line tables (CMakeLists.txt), libFuzzer's usual
 # flags: at -O2 -g the instrumented Highway kernels (ops/, kv/) the parsers
 # link in took clang more than 10 minutes a file on the shared 2 cores.
@@ -80,15 +81,7 @@ FUZZ_BUILD_TYPE ?= FuzzBuild
 fuzz: setup
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=$(FUZZ_BUILD_TYPE) -DKVQ_FUZZ=ON >/dev/null
 	cmake --build build-fuzz -j $(JOBS) --target $$(cd fuzz && ls *_fuzz.cc | sed 's/\.cc$$//')
-	@set -e; for f in build-fuzz/bin/*_fuzz; do \
-	  name=$$(basename $$f _fuzz); mkdir -p build-fuzz/corpus/$$name; \
-	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
-	  dict=; if [ -f fuzz/$$name.dict ]; then dict=-dict=fuzz/$$name.dict; fi; \
-	  if ! $$f $$dict -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus/$$name \
-	      fuzz/corpus/$$name > build-fuzz/$$name.log 2>&1; then \
-	    tail -n 40 build-fuzz/$$name.log; echo "fuzz: $$name FAILED"; exit 1; fi; \
-	  grep -E '^stat::number_of_executed_units' build-fuzz/$$name.log; \
-	done
+	@ls build-fuzz/bin/*_fuzz | xargs -P $(JOBS) -I{} scripts/fuzz_one.sh {} $(FUZZ_SECONDS)
 
 # What CI runs: the README's test command, then sanitizers and fuzzing.
 check: test test-sanitize fuzz

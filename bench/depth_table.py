@@ -7,7 +7,12 @@ partial results: pairs whose files are missing are skipped).
                                           the floor uses the fastest probe in DIR/probe.txt
   bench/depth_table.py embed DOC ROOT NAME
                                           DOC's <!-- depth:NAME begin/end --> block := render ROOT/NAME
-  bench/depth_table.py check DOC ROOT     every depth block of DOC equals render ROOT/NAME
+  bench/depth_table.py embed DOC ROOT serve:NAME
+                                          DOC's <!-- serve:NAME begin/end --> block := the table of
+                                          bench/serve_vs_llamacpp_table.mjs ROOT/NAME (node)
+  bench/depth_table.py embed DOC ROOT prefix:NAME
+                                          the same for serve_bench.sh's summary of ROOT/NAME/results.jsonl
+  bench/depth_table.py check DOC ROOT     every depth and serve block of DOC equals its rendering
   bench/depth_table.py --self-test ROOT   check fails on a stale block
 
 A run that ships (docs/bench/...) keeps its raw files, so the tables quoted in
@@ -18,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -67,18 +73,38 @@ def render(run_dir):
     return table(run_dir, max(probes), run["model"], pairs)
 
 
+def render_serve(run_dir):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_vs_llamacpp_table.mjs")
+    return subprocess.run(["node", script, run_dir], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def render_prefix(run_dir):
+    """serve_bench.sh's summary of DIR/results.jsonl against its first row's label."""
+    results = os.path.join(run_dir, "results.jsonl")
+    baseline = json.loads(open(results).readline())["label"]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_load.mjs")
+    return subprocess.run(["node", script, "--summarize", results, "--baseline", baseline],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def render_block(kind, path):
+    return {"serve": render_serve, "prefix": render_prefix}.get(kind, render)(path)
+
+
 def blocks(text):
-    return re.finditer(r"<!-- depth:(\S+) begin -->\n(.*?)<!-- depth:\1 end -->", text, re.S)
+    return re.finditer(r"<!-- (depth|serve|prefix):(\S+) begin -->\n(.*?)<!-- \1:\2 end -->", text, re.S)
 
 
 def embed(doc, root, name):
+    kind, name = name.split(":", 1) if ":" in name else ("depth", name)
     text = open(doc).read()
-    begin, end = f"<!-- depth:{name} begin -->\n", f"<!-- depth:{name} end -->"
+    begin, end = f"<!-- {kind}:{name} begin -->\n", f"<!-- {kind}:{name} end -->"
     i, j = text.find(begin), text.find(end)
     if i < 0 or j < i:
         sys.exit(f"depth_table: {doc} has no {begin.strip()} ... {end} block")
     with open(doc, "w") as f:
-        f.write(text[:i + len(begin)] + render(os.path.join(root, name)) + text[j:])
+        f.write(text[:i + len(begin)] + render_block(kind, os.path.join(root, name)) + text[j:])
 
 
 def check(doc, root):
@@ -86,10 +112,12 @@ def check(doc, root):
     found = 0
     for m in blocks(text):
         found += 1
-        want = render(os.path.join(root, m.group(1)))
-        if m.group(2) != want:
-            print(f"depth_table: {doc}: block {m.group(1)} is stale; regenerate with\n"
-                  f"  bench/depth_table.py embed {doc} {root} {m.group(1)}")
+        kind, name = m.group(1), m.group(2)
+        want = render_block(kind, os.path.join(root, name))
+        if m.group(3) != want:
+            spelled = name if kind == "depth" else f"{kind}:{name}"
+            print(f"depth_table: {doc}: block {kind}:{name} is stale; regenerate with\n"
+                  f"  bench/depth_table.py embed {doc} {root} {spelled}")
             return 1
     print(f"depth_table: {found} generated blocks of {doc} match their data")
     return 0

@@ -122,10 +122,7 @@ async function oneRequest(args, prompt, deadline, maxTokens = Number(args.maxMax
       body: JSON.stringify({ model: args.model, prompt, max_tokens: maxTokens,
         temperature: 0, stream: true, ignore_eos: true }),
     });
-    if (res.status !== 200) {
-      await res.text();
-      return { status: res.status };
-    }
+    if (res.status !== 200) return { status: res.status, reason: (await res.text()).slice(0, 200) };
     const decoder = new TextDecoder();
     let buffer = '';
     const arrivals = [];
@@ -138,7 +135,7 @@ async function oneRequest(args, prompt, deadline, maxTokens = Number(args.maxMax
         buffer = buffer.slice(end + 2);
         if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
         const chunk = JSON.parse(event.slice(6));
-        if (chunk.error) return { status: 500 };
+        if (chunk.error) return { status: 500, reason: JSON.stringify(chunk.error).slice(0, 200) };
         if (chunk.choices?.length && chunk.choices[0].text) arrivals.push(performance.now());
         if (chunk.usage) tokens = chunk.usage.completion_tokens;
       }
@@ -148,7 +145,7 @@ async function oneRequest(args, prompt, deadline, maxTokens = Number(args.maxMax
     if (!tokens) tokens = arrivals.length;
     return { status: 200, start, arrivals, tokens, promptTokens: prompt.length, end: performance.now() };
   } catch (e) {
-    return { status: e.name === 'AbortError' ? 'timeout' : 'error' };
+    return e.name === 'AbortError' ? { status: 'timeout' } : { status: 'error', reason: String(e.message) };
   } finally {
     clearTimeout(timer);
   }
@@ -211,11 +208,17 @@ async function runLevel(args, concurrency, total, random, systems) {
     .map((r) => (r.arrivals.at(-1) - r.arrivals[0]) / (r.tokens - 1));
   const tokens = ok.reduce((s, r) => s + r.tokens, 0);
   const refused = results.filter((r) => r.status === 429 || r.status === 503).length;
+  // Why requests did not succeed: "status: reason" -> count.
+  const failures = {};
+  for (const r of results.filter((x) => x.status !== 200)) {
+    const key = `${r.status}${r.reason ? `: ${r.reason}` : ''}`;
+    failures[key] = (failures[key] || 0) + 1;
+  }
   const promptTokens = prompts.slice(0, results.length).reduce((s, p) => s + p.length, 0);
   const promptDone = ok.reduce((s, r) => s + r.promptTokens, 0);
   const delta = (key) => (before && after ? after[key] - before[key] : NaN);
   return { label: args.label, concurrency, requests: total, done: ok.length, refused,
-    failed: results.length - ok.length - refused, seconds, tokens, promptTokens,
+    failed: results.length - ok.length - refused, failures, seconds, tokens, promptTokens,
     tokensPerSecond: tokens / seconds, totalTokensPerSecond: (tokens + promptDone) / seconds,
     requestsPerSecond: ok.length / seconds,
     prefixHitRate: delta('prefixHits') / delta('prefixQueries'),

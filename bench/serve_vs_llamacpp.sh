@@ -19,7 +19,8 @@
 # One cell = (server, concurrency): the server is started for the cell,
 # driven, and stopped; the cell's result (serve_load's JSON line plus the
 # server's peak RSS, VmHWM, and the load average before and after) goes to
-# OUT/SERVER-cC.json. A cell whose file exists is skipped, so an interrupted
+# OUT/SERVER-cC.json, the server log's error lines to
+# OUT/SERVER-cC.server-errors.log. A cell whose file exists is skipped, so an interrupted
 # run resumes where it stopped. Cells run concurrency-major, the servers of
 # one level one after another, so every ratio compares neighbours in time.
 # With --lock FILE each cell runs under `flock FILE` (the shared bench lock).
@@ -173,6 +174,8 @@ run_cell() {
   kill -TERM "$server_pid"
   wait "$server_pid" || true
   server_pid=
+  # The server's own account of errors, kept beside the cell.
+  grep -i 'error\|fail\|exceed' "$log_dir/$name.log" | tail -n 40 > "${file%.json}.server-errors.log" || true
   load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   node -e '
     const fs = require("fs");

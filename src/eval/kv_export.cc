@@ -106,23 +106,32 @@ StatusOr<LayerNames> Layers(const KvExportInput& in) {
   return out;
 }
 
+// One entry per layer: kvq's K and V names and the other stack's equivalents
+// (STACK_k, STACK_v). Clears *exact when a layer has no exact equivalent, or
+// (same_kv: vLLM stores K and V alike) when K's and V's differ.
+Json LayerTable(const LayerNames& names, Mapped (*map)(const std::string&),
+                const std::string& stack, bool same_kv, bool* exact) {
+  Json layers = Json::array();
+  for (size_t l = 0; l < names.layers.size(); ++l) {
+    const Mapped k = map(names.layers[l].first), v = map(names.layers[l].second);
+    *exact = *exact && k.exact && v.exact && (!same_kv || k.value == v.value);
+    layers.push_back(Json{{"layer", l},
+                          {"k", names.layers[l].first},
+                          {"v", names.layers[l].second},
+                          {stack + "_k", k.value},
+                          {stack + "_v", v.value}});
+  }
+  return layers;
+}
+
 Json Header(const KvExportInput& in) { return Json{{"model", in.model}, {"command", in.command}}; }
 
 }  // namespace
 
 StatusOr<std::string> HfCacheExportJson(const KvExportInput& in) {
   KVQ_ASSIGN_OR_RETURN(const LayerNames names, Layers(in));
-  Json layers = Json::array();
   bool exact = names.uniform;
-  for (size_t l = 0; l < names.layers.size(); ++l) {
-    const Mapped k = MapHf(names.layers[l].first), v = MapHf(names.layers[l].second);
-    exact = exact && k.exact && v.exact;
-    layers.push_back(Json{{"layer", l},
-                          {"k", names.layers[l].first},
-                          {"v", names.layers[l].second},
-                          {"hf_k", k.value},
-                          {"hf_v", v.value}});
-  }
+  const Json layers = LayerTable(names, MapHf, "hf", /*same_kv=*/false, &exact);
   const Mapped k = MapHf(names.common.first), v = MapHf(names.common.second);
   Json config = nullptr;
   std::string note;
@@ -166,17 +175,8 @@ StatusOr<std::string> HfCacheExportJson(const KvExportInput& in) {
 
 StatusOr<std::string> VllmCacheExportJson(const KvExportInput& in, const std::string& scales_file) {
   KVQ_ASSIGN_OR_RETURN(const LayerNames names, Layers(in));
-  Json layers = Json::array();
   bool exact = names.uniform;
-  for (size_t l = 0; l < names.layers.size(); ++l) {
-    const Mapped k = MapVllm(names.layers[l].first), v = MapVllm(names.layers[l].second);
-    exact = exact && k.exact && v.exact && k.value == v.value;
-    layers.push_back(Json{{"layer", l},
-                          {"k", names.layers[l].first},
-                          {"v", names.layers[l].second},
-                          {"vllm_k", k.value},
-                          {"vllm_v", v.value}});
-  }
+  const Json layers = LayerTable(names, MapVllm, "vllm", /*same_kv=*/true, &exact);
   const Mapped k = MapVllm(names.common.first), v = MapVllm(names.common.second);
   Json dtype = nullptr;
   std::string note;

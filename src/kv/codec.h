@@ -197,6 +197,47 @@ class KvCodec {
   std::string streaming_suffix_;
 };
 
+// A codec that stores another codec's rows (`inner`) and reads them with the
+// inner codec's decode and fused kernels; what differs is the name, how rows
+// are written (OSCAR's clipped codes) or the flush rule (HF quanto).
+class ForwardingKvCodec : public KvCodec {
+ public:
+  size_t RowBytes() const override { return inner_->RowBytes(); }
+  size_t SideBytes() const override { return inner_->SideBytes(); }
+  void Encode(const float* x, int64_t n, uint8_t* rows) const override {
+    inner_->Encode(x, n, rows);
+  }
+  void Decode(const uint8_t* rows, int64_t n, float* x) const override {
+    inner_->Decode(rows, n, x);
+  }
+  void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
+              float* scores, int64_t stride) const override {
+    inner_->Scores(rows, n, q, group, scale, scores, stride);
+  }
+  size_t PreparedQueryBytes(int64_t group) const override {
+    return inner_->PreparedQueryBytes(group);
+  }
+  void PrepareQuery(const float* q, int64_t group, uint8_t* prepared) const override {
+    inner_->PrepareQuery(q, group, prepared);
+  }
+  void ScoresPrepared(const uint8_t* rows, int64_t n, const float* q, const uint8_t* prepared,
+                      int64_t group, float scale, float* scores, int64_t stride) const override {
+    inner_->ScoresPrepared(rows, n, q, prepared, group, scale, scores, stride);
+  }
+  void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
+                   float* acc) const override {
+    inner_->AccumulateV(rows, n, p, group, stride, acc);
+  }
+
+ protected:
+  ForwardingKvCodec(int64_t head_dim, std::unique_ptr<KvCodec> inner)
+      : KvCodec(head_dim), inner_(std::move(inner)) {}
+  const KvCodec& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<KvCodec> inner_;
+};
+
 // Which implementation a codec's methods run: the Highway SIMD kernels
 // (runtime dispatch) or the plain scalar reference twins (double
 // accumulation), which tests compare them against.

@@ -117,10 +117,11 @@ StatusOr<OscarFormat> ParseOscarFormat(const std::string& base, const std::strin
   return f;
 }
 
-class OscarCodec final : public KvCodec {
+class OscarCodec final : public ForwardingKvCodec {
  public:
+  // int2: int2-gG-asym, whose decode and fused kernels read the rows.
   OscarCodec(const OscarFormat& f, int64_t head_dim, std::unique_ptr<KvCodec> int2)
-      : KvCodec(head_dim), f_(f), int2_(std::move(int2)), base_{2, f.GroupFor(head_dim), false} {
+      : ForwardingKvCodec(head_dim, std::move(int2)), f_(f), base_{2, f.GroupFor(head_dim), false} {
     if (!f.calibrated) {
       // R's columns are the rotated unit vectors: row-major M[i][j] = (R e_j)_i.
       std::vector<float> unit(static_cast<size_t>(head_dim * head_dim), 0.0f);
@@ -134,7 +135,6 @@ class OscarCodec final : public KvCodec {
   }
 
   std::string FormatName() const override { return f_.Name(); }
-  size_t RowBytes() const override { return int2_->RowBytes(); }
   // The rotation this instance holds (f32 [d, d]).
   size_t SideBytes() const override {
     return static_cast<size_t>(head_dim_ * head_dim_) * sizeof(float);
@@ -194,31 +194,8 @@ class OscarCodec final : public KvCodec {
     }
   }
 
-  void Decode(const uint8_t* rows, int64_t n, float* x) const override {
-    int2_->Decode(rows, n, x);
-  }
-  void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
-              float* scores, int64_t stride) const override {
-    int2_->Scores(rows, n, q, group, scale, scores, stride);
-  }
-  size_t PreparedQueryBytes(int64_t group) const override {
-    return int2_->PreparedQueryBytes(group);
-  }
-  void PrepareQuery(const float* q, int64_t group, uint8_t* prepared) const override {
-    int2_->PrepareQuery(q, group, prepared);
-  }
-  void ScoresPrepared(const uint8_t* rows, int64_t n, const float* q, const uint8_t* prepared,
-                      int64_t group, float scale, float* scores, int64_t stride) const override {
-    int2_->ScoresPrepared(rows, n, q, prepared, group, scale, scores, stride);
-  }
-  void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
-                   float* acc) const override {
-    int2_->AccumulateV(rows, n, p, group, stride, acc);
-  }
-
  private:
   OscarFormat f_;
-  std::unique_ptr<KvCodec> int2_;  // int2-gG-asym: decode and the fused kernels
   IntFormat base_;
   std::vector<float> matrix_;  // [d, d] row-major; empty until calibrated (oscar-int2)
 };

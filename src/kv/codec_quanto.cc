@@ -67,46 +67,19 @@ Status BadQuanto(const std::string& spelled, const std::string& why) {
 }
 
 // Everything is the integer codec's; only the name and the flush rule differ.
-class QuantoCodec final : public KvCodec {
+class QuantoCodec final : public ForwardingKvCodec {
  public:
   QuantoCodec(const QuantoFormat& f, std::unique_ptr<KvCodec> inner, int64_t head_dim)
-      : KvCodec(head_dim), f_(f), inner_(std::move(inner)) {
-    KvStreaming st = inner_->streaming();
+      : ForwardingKvCodec(head_dim, std::move(inner)), f_(f) {
+    KvStreaming st = this->inner().streaming();
     st.keep_tokens = 0;
     st.flush_tokens = f.residual > 0 ? f.residual : st.tile_tokens;
     SetStreaming(st, "");
   }
   std::string FormatName() const override { return f_.Name(); }
-  size_t RowBytes() const override { return inner_->RowBytes(); }
-  size_t SideBytes() const override { return inner_->SideBytes(); }
-  void Encode(const float* x, int64_t n, uint8_t* rows) const override {
-    inner_->Encode(x, n, rows);
-  }
-  void Decode(const uint8_t* rows, int64_t n, float* x) const override {
-    inner_->Decode(rows, n, x);
-  }
-  void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
-              float* scores, int64_t stride) const override {
-    inner_->Scores(rows, n, q, group, scale, scores, stride);
-  }
-  size_t PreparedQueryBytes(int64_t group) const override {
-    return inner_->PreparedQueryBytes(group);
-  }
-  void PrepareQuery(const float* q, int64_t group, uint8_t* prepared) const override {
-    inner_->PrepareQuery(q, group, prepared);
-  }
-  void ScoresPrepared(const uint8_t* rows, int64_t n, const float* q, const uint8_t* prepared,
-                      int64_t group, float scale, float* scores, int64_t stride) const override {
-    inner_->ScoresPrepared(rows, n, q, prepared, group, scale, scores, stride);
-  }
-  void AccumulateV(const uint8_t* rows, int64_t n, const float* p, int64_t group, int64_t stride,
-                   float* acc) const override {
-    inner_->AccumulateV(rows, n, p, group, stride, acc);
-  }
 
  private:
   QuantoFormat f_;
-  std::unique_ptr<KvCodec> inner_;
 };
 
 StatusOr<std::unique_ptr<KvCodec>> MakeQuantoCodec(const QuantoFormat& f, int64_t head_dim,

@@ -27,22 +27,12 @@ std::pair<std::string, RequestEvent> WaitFinal(RequestChannel& channel) {
   return {text, {}};
 }
 
-class EngineLoopTest : public testing::Test {
+class EngineLoopTest : public TinyServerModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = WriteTinyServerModel("engine_loop_test");
-    if (!path.empty()) path_ = new std::string(path);
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) std::filesystem::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
-    auto loaded = LoadModel(*path_, 2);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    TinyServerModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
     KvCacheOptions kv;
     kv.max_tokens = 256;
     auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
@@ -66,11 +56,8 @@ class EngineLoopTest : public testing::Test {
     return r;
   }
 
-  LoadedModel model_;
   std::unique_ptr<KvCache> cache_;
-  static std::string* path_;
 };
-std::string* EngineLoopTest::path_ = nullptr;
 
 TEST_F(EngineLoopTest, ServesConcurrentSubmittersAndDrains) {
   auto loop = NewLoop(16);

@@ -27,19 +27,11 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-class HttpConformanceTest : public testing::Test {
+class HttpConformanceTest : public TinyServerModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = WriteTinyServerModel("http_conformance_test");
-    if (!path.empty()) path_ = new std::string(path);
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) std::filesystem::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
+    TinyServerModelTest::SetUp();
+    if (IsSkipped()) return;
     options_.port = 0;
     options_.model_name = "tiny";
     options_.http_threads = 4;
@@ -49,9 +41,7 @@ class HttpConformanceTest : public testing::Test {
     options_.idle_timeout = std::chrono::milliseconds(3000);
   }
   void Start(int64_t max_waiting = 64) {
-    auto loaded = LoadModel(*path_, 1);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1));
     KvCacheOptions kv;
     kv.max_tokens = 256;
     auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
@@ -87,15 +77,12 @@ class HttpConformanceTest : public testing::Test {
   }
 
   HttpServerOptions options_;
-  LoadedModel model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<EngineLoop> engine_;
   std::unique_ptr<HttpServer> http_;
   std::thread listener_;
   int port_ = 0;
-  static std::string* path_;
 };
-std::string* HttpConformanceTest::path_ = nullptr;
 
 const json kSmall = {{"prompt", "Hello"}, {"max_tokens", 3}, {"temperature", 0}};
 

@@ -66,22 +66,12 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-class HttpServerTest : public testing::Test {
+class HttpServerTest : public TinyServerModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = WriteTinyServerModel("http_server_test");
-    if (!path.empty()) path_ = new std::string(path);
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) std::filesystem::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
-    auto loaded = LoadModel(*path_, 1);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    TinyServerModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1));
     KvCacheOptions kv;
     kv.max_tokens = 256;
     auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
@@ -150,15 +140,12 @@ class HttpServerTest : public testing::Test {
   // projection), so 230 tokens take well over a second.
   static constexpr int kMaxTokens = 230;
 
-  LoadedModel model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<EngineLoop> engine_;
   std::unique_ptr<HttpServer> http_;
   std::thread listener_;
   int port_ = 0;
-  static std::string* path_;
 };
-std::string* HttpServerTest::path_ = nullptr;
 
 // Non-streaming: nothing is written until the end, so only the socket tells
 // the server its client has gone; the request must not run to completion.

@@ -124,22 +124,12 @@ TEST(LogprobsTest, IsADistributionSortedWithGreedyOnTop) {
 // for a lone sequence (the whole prompt, then one token per step) and take
 // the log-softmax of those logits. Sampling at temperature 1.5 still reports
 // the raw model distribution (vLLM's raw_logprobs), not the tempered one.
-class SchedulerLogprobsTest : public testing::Test {
+class SchedulerLogprobsTest : public TinyServerModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = WriteTinyServerModel("logprobs_test");
-    if (!path.empty()) path_ = new std::string(path);
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) std::filesystem::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
-    auto loaded = LoadModel(*path_, 2);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    TinyServerModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
   }
   std::unique_ptr<KvCache> NewCache() {
     KvCacheOptions options;
@@ -193,11 +183,7 @@ class SchedulerLogprobsTest : public testing::Test {
       next = {got[i].token};
     }
   }
-
-  LoadedModel model_;
-  static std::string* path_;
 };
-std::string* SchedulerLogprobsTest::path_ = nullptr;
 
 TEST_F(SchedulerLogprobsTest, GreedyReportsTheLargestLogprob) {
   ServeRequest request;

@@ -50,22 +50,12 @@ std::string Text(RequestChannel& channel, std::string* finish = nullptr) {
   return text;
 }
 
-class PrefixCacheTest : public testing::Test {
+class PrefixCacheTest : public TinyServerModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = WriteTinyServerModel("prefix_cache_test");
-    if (!path.empty()) path_ = new std::string(path);
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) fs::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
-    auto loaded = LoadModel(*path_, 2);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    TinyServerModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
     // A "system prompt" of exactly 4.5 blocks, and distinct user turns of
     // 40 tokens each (>= 32, see the top of the file).
     system_ = Tokens(72, 0);
@@ -154,11 +144,8 @@ class PrefixCacheTest : public testing::Test {
         << paged->allocator().CheckInvariants().message();
   }
 
-  LoadedModel model_;
   std::vector<int32_t> system_;
-  static std::string* path_;
 };
-std::string* PrefixCacheTest::path_ = nullptr;
 
 // A second request with the same system prompt reuses its 4 full blocks and
 // prefills only the rest; its greedy output is that of an unshared run.

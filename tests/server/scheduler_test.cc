@@ -33,22 +33,12 @@ Output Drain(RequestChannel& channel) {
   return out;
 }
 
-class SchedulerTest : public testing::Test {
+class SchedulerTest : public TinyServerModelTest {
  protected:
-  static void SetUpTestSuite() {
-    const std::string path = WriteTinyServerModel("scheduler_test");
-    if (!path.empty()) path_ = new std::string(path);
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) fs::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
-    auto loaded = LoadModel(*path_, 2);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    TinyServerModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
   }
   // A paged f16 cache of `blocks` blocks of 16 tokens.
   std::unique_ptr<KvCache> NewCache(int64_t blocks) {
@@ -98,11 +88,7 @@ class SchedulerTest : public testing::Test {
     }
     return steps;
   }
-
-  LoadedModel model_;
-  static std::string* path_;
 };
-std::string* SchedulerTest::path_ = nullptr;
 
 // One request alone goes through the same Forward calls as Generate (whole
 // prompt, then one token per step), so greedy output is identical.

@@ -3,11 +3,13 @@
 // parallel processes, and each suite removes its file at the end).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
 
+#include "engine/loaded_model.h"
 #include "io/gguf.h"
 #include "model/synth.h"
 
@@ -32,6 +34,39 @@ inline std::string WriteTinyServerModel(const std::string& tag) {
   if (!WriteSynthGguf(config, vocab->get(), options, path).ok()) return "";
   return path;
 }
+
+// Base fixture of the server tests: each suite writes its own tiny model file
+// (named after the suite, removed when the suite ends) and a test loads it
+// with LoadTinyModel. Tests skip when the vocabulary is missing. Derived
+// SetUp()s call TinyServerModelTest::SetUp() first and return if IsSkipped().
+class TinyServerModelTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path =
+        WriteTinyServerModel(testing::UnitTest::GetInstance()->current_test_suite()->name());
+    if (!path.empty()) path_ = new std::string(path);
+  }
+  static void TearDownTestSuite() {
+    if (path_ != nullptr) std::filesystem::remove(*path_);
+    delete path_;
+    path_ = nullptr;
+  }
+  void SetUp() override {
+    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
+  }
+  // model_ = the suite's model on `threads` threads (fatal failure if it
+  // does not load: wrap in ASSERT_NO_FATAL_FAILURE).
+  void LoadTinyModel(int threads) {
+    auto loaded = LoadModel(*path_, threads);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    model_ = std::move(loaded).value();
+  }
+
+  LoadedModel model_;
+
+ private:
+  static inline std::string* path_ = nullptr;
+};
 
 // A sample's value from the server's Prometheus text ("name value" line),
 // or -1 when the sample is absent.

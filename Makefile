@@ -67,7 +67,7 @@ peers: build llama-cpp
 # chromium_study_quick_test 219 s); make test runs them unsanitized.
 ASAN_SKIP = ^(KvBitIdentity\..*|kv_types_cli_test|chromium_study_quick_test)$$
 test-sanitize: setup
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_SANITIZE=ON >/dev/null
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=SanitizeBuild -DKVQ_SANITIZE=ON >/dev/null
 	cmake --build build-asan -j $(JOBS)
 	$(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE 'llamacpp|soak' -E '$(ASAN_SKIP)'

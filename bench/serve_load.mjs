@@ -30,8 +30,9 @@
 // time limit is aborted and counted as failed. One short unmeasured request
 // warms the server up first. From kvq's /metrics the rows also show the
 // prefix-cache hit rate and the most KV blocks sharing saved at once. No
-// dependencies beyond Node 20's fetch.
+// dependencies beyond Node 20.
 import { appendFileSync, readFileSync } from 'node:fs';
+import http from 'node:http';
 
 function parseArgs(argv) {
   const args = { concurrency: '1,8,32', requests: 'auto', seconds: 120, 'prompt-tokens': '2048',
@@ -108,27 +109,48 @@ async function readMetrics(url) {
   }
 }
 
+// POSTs `body` and resolves with the response stream. node:http, not fetch:
+// fetch (undici) fails a request whose response headers take more than 300 s,
+// and a server that holds queued requests before answering (llama-server
+// replies when a slot takes the request) legitimately takes longer at high
+// concurrency; the level's own time limit (`signal`) is the only timeout here.
+// One connection per request: reusing keep-alive connections races with
+// servers that close them after a few requests or seconds idle (cpp-httplib,
+// llama-server's HTTP layer, has both limits): the client then sees "socket
+// hang up" (8 of 32 requests to llama-server at concurrency 16, session 11).
+const noKeepAlive = new http.Agent({ keepAlive: false });
+function post(url, headers, body, signal) {
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, { method: 'POST', signal, agent: noKeepAlive,
+      headers: { ...headers, 'Content-Length': Buffer.byteLength(body) } }, resolve);
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
 // One streaming request; returns its timings (ms) or an error/status.
 async function oneRequest(args, prompt, deadline, maxTokens = Number(args.maxMax)) {
   const start = performance.now();
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), Math.max(1, deadline - Date.now()));
   try {
-    const res = await fetch(args.url + '/v1/completions', {
-      method: 'POST',
-      signal: controller.signal,
-      headers: { 'Content-Type': 'application/json',
+    const res = await post(args.url + '/v1/completions',
+      { 'Content-Type': 'application/json',
         ...(args['api-key'] ? { Authorization: `Bearer ${args['api-key']}` } : {}) },
-      body: JSON.stringify({ model: args.model, prompt, max_tokens: maxTokens,
+      JSON.stringify({ model: args.model, prompt, max_tokens: maxTokens,
         temperature: 0, stream: true, ignore_eos: true }),
-    });
-    if (res.status !== 200) return { status: res.status, reason: (await res.text()).slice(0, 200) };
-    const decoder = new TextDecoder();
+      controller.signal);
+    res.setEncoding('utf8');
+    if (res.statusCode !== 200) {
+      let text = '';
+      for await (const piece of res) text += piece;
+      return { status: res.statusCode, reason: text.slice(0, 200) };
+    }
     let buffer = '';
     const arrivals = [];
     let tokens = 0;
-    for await (const bytes of res.body) {
-      buffer += decoder.decode(bytes, { stream: true });
+    for await (const piece of res) {
+      buffer += piece;
       let end;
       while ((end = buffer.indexOf('\n\n')) >= 0) {
         const event = buffer.slice(0, end);
@@ -145,7 +167,8 @@ async function oneRequest(args, prompt, deadline, maxTokens = Number(args.maxMax
     if (!tokens) tokens = arrivals.length;
     return { status: 200, start, arrivals, tokens, promptTokens: prompt.length, end: performance.now() };
   } catch (e) {
-    return e.name === 'AbortError' ? { status: 'timeout' } : { status: 'error', reason: String(e.message) };
+    if (controller.signal.aborted) return { status: 'timeout' };
+    return { status: 'error', reason: `${e.code || e.name}: ${e.message}`.slice(0, 200) };
   } finally {
     clearTimeout(timer);
   }
@@ -275,7 +298,7 @@ const random = makeRandom(Number(args.seed));
 // One short unmeasured request first: the first one maps the weights in and
 // fills the caches, which would otherwise land in the first level's figures.
 const warm = await oneRequest(args, [1, 2, 3, 4, 5, 6, 7, 8], Date.now() + 600000, 2);
-if (warm.status !== 200) throw new Error(`the warm-up request failed (${warm.status})`);
+if (warm.status !== 200) throw new Error(`the warm-up request failed (${warm.status}${warm.reason ? `: ${warm.reason}` : ""})`);
 if (!args['no-header']) {
   console.log('| label | concurrency | requests ok / refused / failed | prompt tokens | generated tok/s | ' +
     'prompt + generated tok/s | requests/s | TTFT p50 ms | TTFT p99 ms | ITL (TPOT) p50 ms | ITL (TPOT) p99 ms | ' +

@@ -41,11 +41,12 @@ StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(size_t block_by
     // Pages are touched only when a block is first written, so a large budget
     // costs address space, not resident memory, until it is used.
     //
-    // Large arenas ask for 2 MiB pages: a block holds every layer, so one
-    // layer's tiles of consecutive blocks are a block apart (hundreds of KiB
-    // for a real model), and with 4 KiB pages decode attention takes a TLB
-    // miss on nearly every tile it reads. Only a hint: without transparent
-    // huge pages the arena works the same on 4 KiB pages.
+    // Large arenas ask for 2 MiB pages: a sequence's blocks need not be
+    // consecutive (many sequences grow together), so its tiles of one layer
+    // and head can be anywhere in their slot's region, and with 4 KiB pages
+    // decode attention would take a TLB miss on nearly every tile it reads.
+    // Only a hint: without transparent huge pages the arena works the same
+    // on 4 KiB pages.
     constexpr size_t kHugePage = size_t{2} << 20;
     if (bytes >= kHugePage) {
       const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;

@@ -1,8 +1,10 @@
 // Fixed-size blocks carved from one contiguous, 64-byte aligned arena: the
-// physical memory of the paged KV cache. Block i lives at data() + i *
-// block_bytes. Blocks are reference counted so sequences that fork can share
-// a prefix (copy-on-write is the cache's job: it copies a block whose count
-// is above one before writing into it).
+// physical memory of the paged KV cache. Block i is either the bytes at
+// BlockData(i) (block-major) or a set of slots spread slot-major over the
+// arena (BlockSlot, what the paged cache uses). Blocks are reference
+// counted so sequences that fork can share a prefix (copy-on-write is the
+// cache's job: it copies a block whose count is above one before writing
+// into it).
 //
 // Retained blocks (prefix caching, kv/prefix_index.h): a block marked
 // retained holds contents someone may want again, so when its last
@@ -64,11 +66,29 @@ class BlockAllocator {
   int32_t RefCount(BlockId block) const { return ref_counts_[static_cast<size_t>(block)]; }
   size_t block_bytes() const { return block_bytes_; }
 
+  // A block as one slice of the arena: bytes [i * block_bytes, (i + 1) *
+  // block_bytes). For callers that do not split blocks into slots.
   uint8_t* BlockData(BlockId block) {
     return arena_.get() + static_cast<size_t>(block) * block_bytes_;
   }
   const uint8_t* BlockData(BlockId block) const {
     return arena_.get() + static_cast<size_t>(block) * block_bytes_;
+  }
+
+  // Slot-major placement: a block is split into slots (byte ranges
+  // [offset, offset + bytes) of a block_bytes-sized record, at most
+  // block_bytes in total), and slot s of every block lives in its own
+  // region of the arena, [offset * NumBlocks(), (offset + bytes) *
+  // NumBlocks()), block i at i * bytes inside it. Consecutive blocks' slots
+  // are then adjacent: the paged cache keeps one (layer, K/V, head) tile per
+  // slot, so a run of a sequence's blocks is one contiguous run of a head's
+  // rows that the hardware prefetchers stream, instead of a few KiB a block
+  // apart. Callers use either BlockData or BlockSlot for an arena, not both.
+  uint8_t* BlockSlot(BlockId block, size_t offset, size_t bytes) {
+    return arena_.get() + offset * ref_counts_.size() + static_cast<size_t>(block) * bytes;
+  }
+  const uint8_t* BlockSlot(BlockId block, size_t offset, size_t bytes) const {
+    return arena_.get() + offset * ref_counts_.size() + static_cast<size_t>(block) * bytes;
   }
 
   // Full consistency check (free list and counts agree, no duplicates):

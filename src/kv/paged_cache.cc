@@ -294,7 +294,7 @@ Status PagedKvCache::PrepareWrite(Sequence& s, int64_t first_block, int64_t last
     // Copy-on-write: the block holds every layer's prefix tokens, so one
     // whole-block copy serves the layers that have not written yet too.
     KVQ_ASSIGN_OR_RETURN(BlockId copy, allocator_->Allocate());
-    std::memcpy(allocator_->BlockData(copy), allocator_->BlockData(block), layout_.block_bytes);
+    CopyBlock(block, copy);
     allocator_->Unref(block);
     block = copy;
   }
@@ -303,6 +303,16 @@ Status PagedKvCache::PrepareWrite(Sequence& s, int64_t first_block, int64_t last
     s.blocks.push_back(block);
   }
   return Status::Ok();
+}
+
+void PagedKvCache::CopyBlock(BlockId src, BlockId dst) {
+  for (int64_t layer = 0; layer < shape_.num_layers; ++layer) {
+    const KvLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      std::memcpy(MutableTile(dst, layer, h, false), Tile(src, layer, h, false), l.k_tile_bytes);
+      std::memcpy(MutableTile(dst, layer, h, true), Tile(src, layer, h, true), l.v_tile_bytes);
+    }
+  }
 }
 
 void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t start, int64_t n,
@@ -322,12 +332,11 @@ void PagedKvCache::EncodeRows(Sequence& s, int64_t layer, bool is_v, int64_t sta
       if (codec.NeedsCalibration()) codec.Calibrate(head_rows, n);
       calibrated = 1;
     }
-    const size_t offset = is_v ? layout_.VTileOffset(layer, h) : layout_.KTileOffset(layer, h);
     const size_t row_bytes = codec.RowBytes();
     for (int64_t t = 0; t < n;) {
       const int64_t pos = start + t, in_block = pos % bt;
       const int64_t run = std::min(n - t, bt - in_block);
-      uint8_t* tile = allocator_->BlockData(s.blocks[static_cast<size_t>(pos / bt)]) + offset;
+      uint8_t* tile = MutableTile(s.blocks[static_cast<size_t>(pos / bt)], layer, h, is_v);
       codec.Encode(&head_rows[t * dim], run, tile + static_cast<size_t>(in_block) * row_bytes);
       t += run;
     }
@@ -485,13 +494,12 @@ void PagedKvCache::DecodeTokens(const Sequence& s, int64_t layer, bool is_v, int
   const KvCodec& codec =
       *(is_v ? v_codecs_ : k_codecs_)[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
   const KvStreaming& st = codec.streaming();
-  const size_t offset = is_v ? layout_.VTileOffset(layer, head) : layout_.KTileOffset(layer, head);
   const KvStaging no_staging;
   const KvStaging& staging = st.Plain() ? no_staging : StagingOf(s, layer, is_v);
   std::vector<float> block_rows(static_cast<size_t>(bt * dim));  // [bt, dim]
   for (int64_t b = t0 / bt; b * bt < t0 + count; ++b) {
     const int64_t b0 = b * bt, b1 = std::min((b + 1) * bt, t0 + count);
-    const uint8_t* tile = allocator_->BlockData(s.blocks[static_cast<size_t>(b)]) + offset;
+    const uint8_t* tile = Tile(s.blocks[static_cast<size_t>(b)], layer, head, is_v);
     // A plain codec has every token encoded.
     KvStaging plain;
     const KvStaging* view = &staging;

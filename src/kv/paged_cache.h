@@ -100,6 +100,19 @@ class PagedKvCache final : public KvCache {
   int64_t MaxBlocksPerSequence() const {
     return (options_.max_tokens + layout_.block_tokens - 1) / layout_.block_tokens;
   }
+  // The K (is_v false) or V tile of (layer, KV head) in `block`: one slot
+  // each (BlockAllocator::BlockSlot), so one head's tiles of consecutive
+  // blocks are adjacent in memory.
+  const uint8_t* Tile(BlockId block, int64_t layer, int64_t head, bool is_v) const {
+    const KvLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
+    return is_v ? allocator_->BlockSlot(block, layout_.VTileOffset(layer, head), l.v_tile_bytes)
+                : allocator_->BlockSlot(block, layout_.KTileOffset(layer, head), l.k_tile_bytes);
+  }
+  uint8_t* MutableTile(BlockId block, int64_t layer, int64_t head, bool is_v) {
+    return const_cast<uint8_t*>(std::as_const(*this).Tile(block, layer, head, is_v));
+  }
+  // Copies every tile of block `src` into block `dst`.
+  void CopyBlock(BlockId src, BlockId dst);
   // Whether writing into `block` must copy it first (shared, or retained by
   // the prefix cache).
   bool MustCopy(BlockId block) const {
@@ -136,8 +149,16 @@ class PagedKvCache final : public KvCache {
   void BlockAccumulateV(const Sequence& s, int64_t layer, int64_t head, int64_t t0, int64_t count,
                         const float* p, int64_t rows, int64_t stride, float* acc,
                         float* scratch) const;
-  // Asks the CPU to start loading block b's K and V tiles of (layer, head).
-  void PrefetchBlock(const Sequence& s, int64_t layer, int64_t head, int64_t b) const;
+  // Whether consecutive blocks' tiles of (layer, KV head) can be read by
+  // one codec call, as one run of rows: codecs without sinks or pre-RoPE
+  // keys on both sides whose tiles hold block_tokens rows with no padding.
+  bool FusesBlocks(int64_t layer, int64_t head) const;
+  // The end of the run of s's blocks from b (before `end`) whose physical
+  // blocks are consecutive, so that each head's tiles form one run of rows.
+  int64_t RunEnd(const Sequence& s, int64_t b, int64_t end) const;
+  // Asks the CPU to start loading every line of block b's K (is_v false) or
+  // V tile of (layer, head).
+  void PrefetchTile(const Sequence& s, int64_t layer, int64_t head, int64_t b, bool is_v) const;
   // Floats of per-task scratch BlockScores / BlockAccumulateV need.
   int64_t ScratchFloats(int64_t rows) const;
   // -aN (detected sinks; paged_cache_sinks.cc). Ranks the tokens of the

@@ -27,10 +27,18 @@ constexpr int64_t kMinTokensPerSplit = 256;
 // accumulator cost as much for one 16-token block as for 256 tokens, and at
 // 16 tokens they cost about as much as the scores themselves.
 constexpr int64_t kChunkTokens = 256;
-// Tokens ahead of the one being scored whose K and V tiles are prefetched.
-// One 16-token block ahead was less than a DRAM round trip of compute on a
-// fast kernel (16 rows of f16 scores take ~0.2 us), so reads still stalled.
-constexpr int64_t kPrefetchTokens = 64;
+// Tokens per codec call and per prefetch step. When a sequence's blocks are
+// physically consecutive (the allocator hands them out in order, and a
+// block's tiles are slot-major: BlockAllocator::BlockSlot), one head's K
+// (or V) rows of several blocks are one run that a single ScoresPrepared
+// (AccumulateV) call reads, instead of one call per 16-token block. While
+// one step of K rows is scored, the next step's K rows and this step's V
+// rows are prefetched, so the V pass after the chunk's softmax finds its
+// rows in cache. On consecutive blocks this prefetch measured within noise
+// of none (the slot-major layout is what removed the stalls:
+// docs/benchmarks.md, "slot-major"); it stays for blocks scattered by many
+// sequences growing together, where each tile is a separate short run.
+constexpr int64_t kStepTokens = 64;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -150,16 +158,27 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
       std::fill_n(row_max, rows, kNegInf);
       std::fill_n(row_sum, rows, 0.0f);
       std::fill_n(acc, rows * dim, 0.0f);
-      const int64_t ahead = std::max<int64_t>(1, kPrefetchTokens / bt);
-      for (int64_t b = b0; b < std::min(b1, b0 + ahead); ++b) PrefetchBlock(s, layer, g, b);
+      // A codec call reads the run of blocks [b, run_end(b, end)): up to a
+      // step of physically consecutive blocks when FusesBlocks, else one.
+      const bool fuse = FusesBlocks(layer, g);
+      const int64_t step = std::max<int64_t>(1, kStepTokens / bt);
+      const auto run_end = [&](int64_t b, int64_t end) {
+        return fuse ? RunEnd(s, b, std::min(end, b + step)) : b + 1;
+      };
+      int64_t k_ahead = b0, v_ahead = b0;  // first blocks whose K / V are not prefetched
+      for (; k_ahead < std::min(b1, b0 + step); ++k_ahead)
+        PrefetchTile(s, layer, g, k_ahead, false);
       for (int64_t c0 = b0; c0 < b1; c0 += chunk_blocks) {
         const int64_t c1 = std::min(b1, c0 + chunk_blocks);
         const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
-        for (int64_t b = c0; b < c1; ++b) {
-          const int64_t t0 = b * bt;
-          if (b + ahead < b1) PrefetchBlock(s, layer, g, b + ahead);
-          BlockScores(s, layer, g, t0, std::min(bt, visible_end - t0), q_rows, prepared, rows,
+        for (int64_t b = c0; b < c1;) {
+          const int64_t e = run_end(b, c1), t0 = b * bt;
+          for (; k_ahead < std::min(b1, e + step); ++k_ahead)
+            PrefetchTile(s, layer, g, k_ahead, false);
+          for (; v_ahead < e; ++v_ahead) PrefetchTile(s, layer, g, v_ahead, true);
+          BlockScores(s, layer, g, t0, std::min(e * bt, visible_end) - t0, q_rows, prepared, rows,
                       scale, &probs[t0 - t_begin], chunk, scratch);
+          b = e;
         }
         const bool masked = t_begin + count > first_visible;
         for (int64_t r = 0; r < rows; ++r) {
@@ -172,10 +191,11 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
           }
           OnlineSoftmaxStep(p, valid, &row_max[r], &row_sum[r], &acc[r * dim], dim);
         }
-        for (int64_t b = c0; b < c1; ++b) {
-          const int64_t t0 = b * bt;
-          BlockAccumulateV(s, layer, g, t0, std::min(bt, visible_end - t0), &probs[t0 - t_begin],
-                           rows, chunk, acc, scratch);
+        for (int64_t b = c0; b < c1;) {
+          const int64_t e = run_end(b, c1), t0 = b * bt;
+          BlockAccumulateV(s, layer, g, t0, std::min(e * bt, visible_end) - t0,
+                           &probs[t0 - t_begin], rows, chunk, acc, scratch);
+          b = e;
         }
       }
       if (splits == 1) {
@@ -221,18 +241,33 @@ void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, cons
   }
 }
 
-// A block holds every layer, so one (layer, head)'s rows are a few KiB runs
-// far apart; the hardware prefetchers stop at each run's end and decode
-// attention then waits on DRAM latency at every block. Requesting the next
-// block's tiles while this one is computed hides it.
-void PagedKvCache::PrefetchBlock(const Sequence& s, int64_t layer, int64_t head, int64_t b) const {
-  const uint8_t* block = allocator_->BlockData(s.blocks[static_cast<size_t>(b)]);
-  const uint8_t* k = block + layout_.KTileOffset(layer, head);
-  const uint8_t* v = block + layout_.VTileOffset(layer, head);
-  const size_t k_bytes = layout_.layers[static_cast<size_t>(layer)].k_tile_bytes;
-  const size_t v_bytes = layout_.layers[static_cast<size_t>(layer)].v_tile_bytes;
-  for (size_t i = 0; i < k_bytes; i += 64) __builtin_prefetch(k + i);
-  for (size_t i = 0; i < v_bytes; i += 64) __builtin_prefetch(v + i);
+bool PagedKvCache::FusesBlocks(int64_t layer, int64_t head) const {
+  const size_t instance = static_cast<size_t>(layer * shape_.num_kv_heads + head);
+  const KvLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
+  const size_t bt = static_cast<size_t>(layout_.block_tokens);
+  // Residual windows only move where the encoded rows end (ForEachKvSegment
+  // takes any range); sinks and pre-RoPE keys use per-block scratch.
+  const auto runs = [](const KvStreaming& st) {
+    return st.sink_tokens == 0 && st.detect_sinks == 0 && !st.pre_rope;
+  };
+  return runs(k_codecs_[instance]->streaming()) && runs(v_codecs_[instance]->streaming()) &&
+         l.k_tile_bytes == bt * l.k_row_bytes && l.v_tile_bytes == bt * l.v_row_bytes;
+}
+
+int64_t PagedKvCache::RunEnd(const Sequence& s, int64_t b, int64_t end) const {
+  int64_t e = b + 1;
+  while (e < end && s.blocks[static_cast<size_t>(e)] == s.blocks[static_cast<size_t>(e - 1)] + 1) {
+    ++e;
+  }
+  return e;
+}
+
+void PagedKvCache::PrefetchTile(const Sequence& s, int64_t layer, int64_t head, int64_t b,
+                                bool is_v) const {
+  const KvLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
+  const uint8_t* tile = Tile(s.blocks[static_cast<size_t>(b)], layer, head, is_v);
+  const size_t bytes = is_v ? l.v_tile_bytes : l.k_tile_bytes;
+  for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(tile + i);
 }
 
 int64_t PagedKvCache::ScratchFloats(int64_t rows) const {
@@ -247,8 +282,7 @@ void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, i
   const KvCodec& codec = *k_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
   const KvStreaming& st = codec.streaming();
   const uint8_t* tile =
-      allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
-      layout_.KTileOffset(layer, head);
+      Tile(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)], layer, head, false);
   if (st.Plain()) {
     return codec.ScoresPrepared(tile, count, q, prepared, rows, scale, scores, stride);
   }
@@ -281,8 +315,7 @@ void PagedKvCache::BlockAccumulateV(const Sequence& s, int64_t layer, int64_t he
   const KvCodec& codec = *v_codecs_[static_cast<size_t>(layer * shape_.num_kv_heads + head)];
   const KvStreaming& st = codec.streaming();
   const uint8_t* tile =
-      allocator_->BlockData(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)]) +
-      layout_.VTileOffset(layer, head);
+      Tile(s.blocks[static_cast<size_t>(t0 / layout_.block_tokens)], layer, head, true);
   if (st.Plain()) return codec.AccumulateV(tile, count, p, rows, stride, acc);
   const KvStaging& staging = StagingOf(s, layer, /*is_v=*/true);
   ForEachKvSegment(

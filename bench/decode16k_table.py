@@ -27,15 +27,18 @@ def rows_of(path):
         out[(m.group(2), int(m.group(3)))] = dict(us=b["real_time"] * unit, gbps=b["GBps"],
                                                   probe=b["probe_GBps"], vs=b["vs_probe"],
                                                   mb=b["cache_MB"])
-    return m.group(1) if out else None, out
+    shape = re.match(r"Decode16K/([^/]+)/", data["benchmarks"][0]["name"]) if out else None
+    return (shape.group(1) if shape else None), out
 
 
 def render(d):
     lines = []
     shapes = {}
     for path in sorted(glob.glob(os.path.join(d, "*.json"))):
-        codec = os.path.basename(path)[:-5].split(".", 1)[1]
         shape, rows = rows_of(path)
+        if not shape:
+            continue
+        codec = os.path.basename(path)[len(shape) + 1:-len(".json")]  # SHAPE.CODEC.json
         if shape and all((c, t) in rows for c in ("f16", codec) for t in (1, 2)):
             shapes.setdefault(shape, []).append((codec, rows))
     for shape in sorted(shapes):

@@ -83,6 +83,12 @@ def parse_log(path):
         re.search(r"^PPL:\s+([\d.]+) \+/- ([\d.]+)", text, re.M)
     if m:
         out["ppl"], out["ppl_err"] = m.group(1), m.group(2)
+    m = re.search(r"PPL\(base\)\s+([\d.]+)", text)
+    if m:
+        out["ppl_base"] = m.group(1)
+    m = re.search(r"nats, (\d+) positions", text)
+    if m:
+        out["positions"] = m.group(1)
     m = re.search(r"mean KLD\s+(\S+) \+/- (\S+)", text)
     if m:
         out["kl"], out["kl_err"] = float(m.group(1)), float(m.group(2))
@@ -122,13 +128,14 @@ def render(d):
     model = os.path.basename(plan["model"]["name"])
     lines = [f"model: {model}; f16 PPL {f16.get('ppl', '?')} ± {f16.get('ppl_err', '?')}; "
              f"commands in `docs/quality/{os.path.basename(os.path.normpath(d))}/NAME.cmd`, logs in NAME.log", "",
-             "| row | kind | what | bits/value | blocks B/token | B/token at 512 | PPL | mean KL vs f16 | same top-1 % |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| row | kind | what | bits/value | blocks B/token | B/token at 512 | PPL (f16 on the same windows) | scored tokens | mean KL vs f16 | same top-1 % |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         bytes_ = (f"{r['bits']:.3f} | {r['bpt']:.0f} | {r['at512']:.0f}" if "bpt" in r
                   else "? | ? | ?")
-        lines.append(f"| {r['name']} | {r['group']} | {r['what']} | {bytes_} | {r.get('ppl', '-')} | "
-                     f"{fmt_kl(r)} | {r.get('top1', '-')} |")
+        lines.append(f"| {r['name']} | {r['group']} | {r['what']} | {bytes_} | {r.get('ppl', '-')} "
+                     f"({r.get('ppl_base', '-')}) | {r.get('positions', '-')} | {fmt_kl(r)} | "
+                     f"{r.get('top1', '-')} |")
     # Each published setting against the best kvq scheme (lowest KL) whose
     # blocks take the same or fewer bytes per token.
     ours = [r for r in rows if r["group"] == "kvq" and "kl" in r and "bpt" in r]
@@ -190,9 +197,10 @@ def check(doc, root):
 
 def self_test(root):
     """check passes on a freshly embedded block and fails once a figure changes."""
-    runs = [d for d in sorted(os.listdir(root)) if os.path.exists(os.path.join(root, d, "plan.json"))]
+    runs = [d for d in sorted(os.listdir(root)) if os.path.exists(os.path.join(root, d, "plan.json"))
+            and re.search(r"\| \d+\.\d+ ± ", render(os.path.join(root, d)))]
     if not runs:
-        sys.exit(f"quality_table: no runs under {root}")
+        sys.exit(f"quality_table: no run with a KL row under {root}")
     with tempfile.TemporaryDirectory() as tmp:
         doc = os.path.join(tmp, "doc.md")
         with open(doc, "w") as f:

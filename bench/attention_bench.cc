@@ -43,9 +43,11 @@ constexpr LayerShape kSmolLM2{9, 3, 64, 1e5};  // SmolLM2-135M
 // caches), unless its third argument (MiB) says otherwise.
 constexpr int64_t kRotateMiB = 512;
 
-// KVQuant caches need a calibration file; for timing any valid one serves:
-// unit key ranges and 2^B evenly spaced levels (the kernels' work does not
-// depend on the values). Written once per shape to the temp folder.
+// KVQuant, OSCAR and calibrated-fp8 caches need a calibration file; for
+// timing any valid one serves: unit key ranges, 2^B evenly spaced levels,
+// fp8 scales of 1/16 and identity rotations (the kernels' work does not
+// depend on the values: an OSCAR cache multiplies by its dense matrix
+// whatever it holds). Written once per shape to the temp folder.
 StatusOr<std::string> SyntheticCalibration(const KvShape& shape) {
   KvCalibration c;
   c.num_layers = shape.num_layers;
@@ -66,8 +68,18 @@ StatusOr<std::string> SyntheticCalibration(const KvShape& shape) {
       }
     }
   }
+  c.fp8_k_scale.assign(static_cast<size_t>(shape.num_layers), 0.0625f);
+  c.fp8_v_scale = c.fp8_k_scale;
+  c.rotation_objective = "identity (attention_bench)";
+  const int64_t d = shape.head_dim;
+  c.k_rotation.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads * d * d), 0.0f);
+  for (int64_t m = 0; m < shape.num_layers * shape.num_kv_heads; ++m) {
+    for (int64_t i = 0; i < d; ++i) c.k_rotation[static_cast<size_t>((m * d + i) * d + i)] = 1.0f;
+  }
+  c.v_rotation = c.k_rotation;
   const std::string path = "/tmp/kvq_attention_bench_" + std::to_string(shape.num_layers) +
-                           "_layers.calibration.safetensors";
+                           "_layers_" + std::to_string(shape.num_kv_heads) + "x" +
+                           std::to_string(d) + ".calibration.safetensors";
   KVQ_RETURN_IF_ERROR(SaveKvCalibration(c, path));
   return path;
 }
@@ -98,7 +110,12 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec, LayerShape l
   const int64_t bytes =
       context * kv_heads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
   shape.num_layers = std::clamp<int64_t>((rotate_bytes + bytes - 1) / bytes, 1, 4096);
-  if (codec.rfind("kvquant", 0) == 0) {
+  auto needs_calibration = NeedsCalibrationFile(shape, options);
+  if (!needs_calibration.ok()) {
+    state.SkipWithError(needs_calibration.status().message().c_str());
+    return;
+  }
+  if (*needs_calibration) {
     auto calibration = SyntheticCalibration(shape);
     if (!calibration.ok()) {
       state.SkipWithError(calibration.status().message().c_str());
@@ -193,9 +210,16 @@ void RegisterAll() {
   // filling 512 MiB take minutes.
   for (const auto& [shape_name, layer_shape] :
        {std::pair{"qwen2.5-0.5b", kQwen05}, std::pair{"smollm2-135m", kSmolLM2}}) {
-    for (const char* codec : {"f16", "int8", "int4", "kivi2", "kivi4", "turboquant_k8v4",
-                              "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
-                              "turboquant2.5", "turboquant3.5", "qjl_k1v4"}) {
+    for (const char* codec :
+         {"f16", "int8", "int4", "kivi2", "kivi4", "turboquant_k8v4", "turboquant_4bit_nc",
+          "turboquant_k3v4_nc", "turboquant_3bit_nc", "turboquant2.5", "turboquant3.5", "qjl_k1v4",
+          // llama.cpp's formats (Hadamard by default, and without)
+          "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0-norot", "q4_0-norot",
+          // vLLM's and transformers' formats
+          "fp8_e4m3-t1", "fp8_e4m3-tcal", "int8_per_token_head", "fp8_per_token_head",
+          "int4_per_token_head", "hf-quanto-int4", "hf-quanto-int2",
+          // OSCAR, its Hadamard baseline, the INT2 codes alone, detected sinks
+          "oscar2", "quarot2", "oscar-int2", "int2-g64-asym", "int2-g64-asym-a4"}) {
       const std::string name = std::string("Decode16K/") + shape_name + "/" + codec;
       auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_DecodeAttention, std::string(codec),
                                              layer_shape);

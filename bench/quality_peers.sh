@@ -99,6 +99,21 @@ kvq_schemes=(
   "int2|--kv-cache-dtype int2"
   "kivi2|--kv-cache-dtype kivi2" "gear2|--kv-cache-dtype gear2"
   "kvquant2|--kv-cache-dtype kvquant2 --kv-calibration $work/kvq_calib.safetensors"
+  # Issue 19: the peers' formats and the papers' settings inside kvq (their
+  # study on both real models: docs/quality/, bench/quality_table.py).
+  "q8_0|--kv-cache-dtype q8_0" "q4_0|--kv-cache-dtype q4_0"
+  "int8_per_token_head|--kv-cache-dtype int8_per_token_head"
+  "fp8_per_token_head|--kv-cache-dtype fp8_per_token_head"
+  "int4_per_token_head|--kv-cache-dtype int4_per_token_head"
+  "hf-quanto-int4|--kv-cache-dtype hf-quanto-int4" "hf-quanto-int2|--kv-cache-dtype hf-quanto-int2"
+  "turboquant_k8v4|--kv-cache-dtype turboquant_k8v4"
+  "turboquant_4bit_nc|--kv-cache-dtype turboquant_4bit_nc"
+  "turboquant_k3v4_nc|--kv-cache-dtype turboquant_k3v4_nc"
+  "turboquant_3bit_nc|--kv-cache-dtype turboquant_3bit_nc"
+  "turboquant3.5|--kv-cache-dtype turboquant3.5" "turboquant2.5|--kv-cache-dtype turboquant2.5"
+  "qjl_k1v4|--kv-cache-dtype qjl_k1v4"
+  "oscar2|--kv-cache-dtype oscar2 --kv-calibration $work/kvq_calib.safetensors"
+  "quarot2|--kv-cache-dtype quarot2"
 )
 plan_schemes=("f16|--kv-cache-dtype f16" "${kvq_schemes[@]}")
 for s in "${plan_schemes[@]}"; do

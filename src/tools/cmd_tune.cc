@@ -33,6 +33,7 @@ struct TuneFlags {
   std::string k_candidates = "f16,int8,int4-c32-asym-r128,int2-c32-asym-r128";
   std::string v_candidates = "f16,int8,int4-g32-asym-r128,int2-g32-asym-r128";
   int threads = 0;
+  std::string calibration;  // --kv-calibration (nuq*, oscar-int2, fp8_e4m3-tcal candidates)
   std::string command;
   std::vector<std::string> export_args;  // --export STACK FILE
   std::string scales;                    // --export-scales FILE (vllm)
@@ -71,6 +72,7 @@ int RunTuneCommand(const TuneFlags& flags) {
   options.context = flags.context;
   options.windows = flags.windows;
   options.cache.num_threads = threads;
+  options.cache.calibration_path = flags.calibration;
   std::error_code ec;
   const std::filesystem::path work =
       std::filesystem::temp_directory_path(ec) / ("kvq-tune-" + std::to_string(getpid()));
@@ -168,6 +170,10 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
                   "int2-g32-asym-r128: KIVI's values)");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
+  cmd->add_option("--kv-calibration", flags->calibration,
+                  "Calibration file from `kvq calibrate`, for candidates that need one (nuq*, "
+                  "oscar-int2, fp8_e4m3-tcal)")
+      ->check(CLI::ExistingFile);
   auto* exp = cmd->add_option("--export", flags->export_args,
                               "STACK FILE: also write the chosen policy for another stack: hf "
                               "(transformers QuantizedCacheConfig JSON) or vllm (the "
@@ -190,7 +196,8 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& ctx) {
                      flags->file + " --kl-budget " + budget + " --ctx " +
                      std::to_string(flags->context) + " --windows " +
                      std::to_string(flags->windows) + " --k-candidates " + flags->k_candidates +
-                     " --v-candidates " + flags->v_candidates;
+                     " --v-candidates " + flags->v_candidates +
+                     (flags->calibration.empty() ? "" : " --kv-calibration " + flags->calibration);
     ctx.exit_code = RunTuneCommand(*flags);
   });
 }

@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "kv/codec.h"
+#include "kv/kv_calibration.h"
 #include "model/model_presets.h"
 
 namespace kvq {
@@ -218,6 +222,97 @@ TEST(Planner, BytesEqualWhatTheCacheAllocates) {
       }
     }
   }
+}
+
+// Issue 19's schemes (llama.cpp's, vLLM's and transformers' formats,
+// TurboQuant, QJL, OSCAR/QuaRot INT2, detected sinks): the same check, on
+// random rows (sink detection and the streaming windows depend on them), with
+// prefill chunks that cross the windows' edges. The calibrated ones read a
+// file with identity rotations and fp8 scales (bytes do not depend on them).
+TEST(Planner, Issue19SchemesBytesEqualWhatTheCacheAllocates) {
+  const KvShape shape{2, 4, 2, 64};
+  KvCalibration c;
+  c.source = "planner_test";
+  c.num_layers = shape.num_layers;
+  c.num_heads = shape.num_heads;
+  c.num_kv_heads = shape.num_kv_heads;
+  c.head_dim = shape.head_dim;
+  const size_t channels = static_cast<size_t>(shape.num_layers * shape.num_kv_heads * 64);
+  c.k_offset.assign(channels, 0.0f);
+  c.k_scale.assign(channels, 1.0f);
+  for (int bits : {2, 3, 4}) {
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      for (int i = 0; i < (1 << bits); ++i) {
+        const float level =
+            -1.0f + 2.0f * static_cast<float>(i) / static_cast<float>((1 << bits) - 1);
+        c.codebooks[bits].k.push_back(level);
+        c.codebooks[bits].v.push_back(level);
+      }
+    }
+  }
+  c.fp8_k_scale.assign(static_cast<size_t>(shape.num_layers), 0.01f);
+  c.fp8_v_scale = c.fp8_k_scale;
+  c.rotation_objective = "identity";
+  c.k_rotation.assign(channels * 64, 0.0f);
+  for (size_t m = 0; m < channels; ++m) c.k_rotation[m * 64 + m % 64] = 1.0f;
+  c.v_rotation = c.k_rotation;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "kvq_planner_test_issue19.safetensors").string();
+  ASSERT_TRUE(SaveKvCalibration(c, path).ok());
+  std::mt19937 rng(19);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const char* type : {"q8_0",
+                           "q4_0",
+                           "q4_1",
+                           "q5_0",
+                           "q5_1",
+                           "iq4_nl",
+                           "q4_0-norot",
+                           "fp8_e4m3-t1",
+                           "fp8_e4m3-tcal",
+                           "int8_per_token_head",
+                           "fp8_per_token_head",
+                           "int4_per_token_head",
+                           "hf-quanto-int4",
+                           "hf-quanto-int2",
+                           "hf-quanto-int2-kc",
+                           "turboquant_k8v4",
+                           "turboquant_4bit_nc",
+                           "turboquant_k3v4_nc",
+                           "turboquant_3bit_nc",
+                           "turboquant2.5",
+                           "turboquant3.5",
+                           "qjl_k1v4",
+                           "oscar2",
+                           "quarot2",
+                           "oscar-int2",
+                           "int2-g64-asym-a4"}) {
+    SCOPED_TRACE(type);
+    KvCacheOptions options;
+    options.k_type = options.v_type = type;
+    options.max_tokens = 512;
+    options.memory_bytes = 0;
+    options.calibration_path = path;
+    auto plan = PlanKvType(shape, options);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    for (int64_t tokens : {1, 17, 100, 300, 512}) {
+      auto cache = MakeKvCache(shape, options);
+      ASSERT_TRUE(cache.ok()) << cache.status().message();
+      ASSERT_TRUE((*cache)->AddSequence(0).ok());
+      const int64_t chunk = 128;  // prefill chunks, as the engine appends them
+      std::vector<float> kv(static_cast<size_t>(chunk * shape.num_kv_heads * shape.head_dim));
+      for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+        for (int64_t done = 0; done < tokens; done += chunk) {
+          for (float& x : kv) x = normal(rng);
+          const int64_t n = std::min(chunk, tokens - done);
+          ASSERT_TRUE((*cache)->Append(0, layer, n, kv.data(), kv.data(), kv.data()).ok());
+        }
+      }
+      EXPECT_EQ(static_cast<double>((*cache)->BytesUsed()), ExactKvBytes(plan->layout, 1, tokens))
+          << tokens << " tokens, cache " << (*cache)->TypeName();
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Planner, BadInputsAreClearErrors) {

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Every registered KV cache type and alias (`kvq help cache-types --names`,
-# i.e. the codec registry) through generate, perplexity, plan and serve
-# startup on the shipped model, plus llama.cpp's -ctk/-ctv spellings and
+# i.e. the codec registry) through generate, perplexity, bench, plan and serve
+# startup on the shipped model, issue 19's schemes through study and tune, plus llama.cpp's -ctk/-ctv spellings and
 # Hugging Face's KIVI words. A few tokens each: this checks the vocabulary
 # is accepted end to end, not quality.
 # Usage: kv_types_cli_test.sh KVQ_BINARY MODEL_DIR WORK_DIR
@@ -82,11 +82,37 @@ while read -r type; do
   "$KVQ" perplexity -m "$MODEL" -f "$WORK/text.txt" -c 64 --chunks 2 -t 1 \
     $(type_flags "$type") $CAL >"$WORK/out" 2>"$WORK/err" ||
     fail "perplexity --kv-cache-dtype $type: $(cat "$WORK/err")"
+  # shellcheck disable=SC2086
+  "$KVQ" bench -m "$MODEL" -p 8 -n 2 -r 1 -t 1 $(type_flags "$type") $CAL >"$WORK/out" \
+    2>"$WORK/err" || fail "bench --kv-cache-dtype $type: $(cat "$WORK/err")"
   # shellcheck disable=SC2046
   "$KVQ" plan -m "$MODEL" -c 1024 $(type_flags "$type") >"$WORK/out" 2>"$WORK/err" ||
     fail "plan --kv-cache-dtype $type: $(cat "$WORK/err")"
   serve_starts "$type"
 done <"$WORK/names"
+
+# Issue 19's schemes as study rows and as kvq tune candidates (calibrated ones
+# included: tune takes --kv-calibration like the other commands).
+i19="q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_0-norot,fp8_e4m3-t1,fp8_e4m3-tcal,int8_per_token_head"
+i19="$i19,fp8_per_token_head,int4_per_token_head,hf-quanto-int4,hf-quanto-int2,turboquant_k8v4"
+i19="$i19,turboquant_4bit_nc,turboquant_k3v4_nc,turboquant_3bit_nc,turboquant2.5,turboquant3.5"
+i19="$i19,qjl_k1v4,oscar2,quarot2,int2-g64-asym-a2"
+# shellcheck disable=SC2086
+"$KVQ" study -m "$MODEL" -f "$WORK/text.txt" -t 1 --quick --ctx 64 --chunks 1 --capture 64 \
+  --schemes "$i19" --recall-depths 0.5 $CAL --json "$WORK/study19.json" >"$WORK/out" \
+  2>"$WORK/err" || fail "study --schemes $i19: $(cat "$WORK/err")"
+python3 - "$WORK/study19.json" "$i19" <<'PY' || fail "study rows of issue 19's schemes"
+import json, sys
+names = [s.get("name", s.get("scheme")) for s in json.load(open(sys.argv[1]))["schemes"]]
+missing = [n for n in sys.argv[2].split(",") if n not in names]
+assert not missing, f"missing {missing} in {names}"
+PY
+# shellcheck disable=SC2086
+"$KVQ" tune -m "$MODEL" -f "$WORK/text.txt" -t 1 -c 64 --windows 1 --kl-budget 1000 $CAL \
+  --k-candidates f16,oscar-int2,qjl --v-candidates f16,tqv4,quanto2-g64-res128-a1 \
+  -o "$WORK/policy.txt" >"$WORK/out" 2>"$WORK/err" || fail "tune with issue 19 candidates: $(cat "$WORK/err")"
+grep -q "oscar-int2\|qjl\|nuq2" "$WORK/policy.txt" ||
+  fail "tune with a budget of 1000 nats did not reach the smallest K candidates: $(cat "$WORK/policy.txt")"
 
 # llama.cpp's spellings: -ctk/-ctv are named options, not -c tk.
 "$KVQ" generate -m "$MODEL" -p "The cache" -n 3 -t 1 -ctk q8_0 -ctv q4_0 >"$WORK/out" \

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Issue 19's decode-attention table at 16K tokens from attention_bench's JSON
+files (one per SHAPE.CODEC: that codec's Decode16K rows beside f16 and int4 in
+the same run, the read probe interleaved in every iteration).
+
+  bench/decode16k_table.py render DIR     markdown of DIR/*.json
+  bench/decode16k_table.py embed DOC DIR  DOC's <!-- decode16k begin/end --> := render DIR
+  bench/decode16k_table.py check DOC DIR  the block equals render DIR (quality_doc_test's twin)
+
+"vs f16" is f16's time / the codec's time in the same run (above 1: faster).
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+
+def rows_of(path):
+    data = json.load(open(path))
+    out = {}
+    for b in data["benchmarks"]:
+        m = re.match(r"Decode16K/([^/]+)/(.+)/ctx:16384/threads:(\d)/", b["name"])
+        if not m or b.get("error_occurred"):
+            continue
+        unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3}[b["time_unit"]]
+        out[(m.group(2), int(m.group(3)))] = dict(us=b["real_time"] * unit, gbps=b["GBps"],
+                                                  probe=b["probe_GBps"], vs=b["vs_probe"],
+                                                  mb=b["cache_MB"])
+    shape = re.match(r"Decode16K/([^/]+)/", data["benchmarks"][0]["name"]) if out else None
+    return (shape.group(1) if shape else None), out
+
+
+def render(d):
+    lines = []
+    shapes = {}
+    for path in sorted(glob.glob(os.path.join(d, "*.json"))):
+        shape, rows = rows_of(path)
+        if not shape:
+            continue
+        codec = os.path.basename(path)[len(shape) + 1:-len(".json")]  # SHAPE.CODEC.json
+        if shape and all((c, t) in rows for c in ("f16", codec) for t in (1, 2)):
+            shapes.setdefault(shape, []).append((codec, rows))
+    for shape in sorted(shapes):
+        lines += [f"**{shape}** layer shape, 16384 tokens, 16-token blocks", "",
+                  "| codec | threads | µs/layer | f16 µs (same run) | vs f16 | int4 µs | cache MB | GB/s | probe GB/s | vs probe |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for codec, rows in sorted(shapes[shape], key=lambda x: x[0]):
+            for t in (1, 2):
+                r, f = rows[(codec, t)], rows[("f16", t)]
+                i4 = rows.get(("int4", t))
+                lines.append(f"| {codec} | {t} | {r['us']:.1f} | {f['us']:.1f} | {f['us'] / r['us']:.2f} | "
+                             f"{i4['us'] if i4 else float('nan'):.1f} | {r['mb']:.2f} | {r['gbps']:.1f} | "
+                             f"{r['probe']:.1f} | {r['vs']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def block(text):
+    return re.search(r"<!-- decode16k begin -->\n(.*?)<!-- decode16k end -->", text, re.S)
+
+
+def main(argv):
+    if argv[:1] == ["render"]:
+        sys.stdout.write(render(argv[1]))
+    elif argv[:1] == ["embed"]:
+        text = open(argv[1]).read()
+        m = block(text)
+        if not m:
+            sys.exit(f"decode16k_table: {argv[1]} has no <!-- decode16k begin/end --> block")
+        open(argv[1], "w").write(text[:m.start(1)] + render(argv[2]) + text[m.end(1):])
+    elif argv[:1] == ["check"]:
+        m = block(open(argv[1]).read())
+        if not m or m.group(1) != render(argv[2]):
+            print(f"decode16k_table: {argv[1]}: the decode16k block is missing or stale; regenerate "
+                  f"with bench/decode16k_table.py embed {argv[1]} {argv[2]}")
+            return 1
+        print("decode16k_table: the decode16k block matches its JSON files")
+    else:
+        sys.exit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+kvq perplexity -m .deps/models/qwen2.5-coder-0.5b-instruct.gguf -f .deps/corpus/test.txt -c 512 -b 512 --chunks 4 -t 2 --cache-type-k int2-g64-asym --cache-type-v int2-g64-asym  --kl-divergence f16.logits

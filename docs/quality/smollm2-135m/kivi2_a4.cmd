@@ -1,0 +1,1 @@
+kvq perplexity -m .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf -f .deps/corpus/test.txt -c 512 -b 512 --chunks 4 -t 2 --cache-type-k int2-c32-asym-r128-a4 --cache-type-v int2-g32-asym-r128-a4  --kl-divergence f16.logits

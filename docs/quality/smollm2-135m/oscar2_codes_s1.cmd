@@ -1,0 +1,1 @@
+kvq perplexity -m .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf -f .deps/corpus/test.txt -c 512 -b 512 --chunks 4 -t 2 --cache-type-k oscar-int2-clip96-s1 --cache-type-v oscar-int2-clip92-s1 --kv-calibration calib_qqt_sst.safetensors --kl-divergence f16.logits

@@ -39,23 +39,41 @@ class MatmulWorkspace {
   // One buffer of at least `floats` floats shared by all threads of a call
   // (MatmulPacked's repacked activations).
   float* Shared(int64_t floats);
+  // At least `bytes` bytes shared by all threads of a call (quantized
+  // activation rows of the integer path).
+  uint8_t* SharedBytes(int64_t bytes);
   // Total bytes held (for memory accounting).
   int64_t bytes() const;
 
  private:
   std::vector<std::vector<float>> panels_;  // [threads][floats]
   std::vector<float> shared_;               // [floats]
+  std::vector<uint8_t> shared_bytes_;       // [bytes]
 };
 
 // Batches of at least this many tokens go to MatmulPacked, smaller ones to
 // MatvecBatch.
 inline constexpr int64_t kPackedMinTokens = 32;
 
-// y[n, w.rows] = x[n, w.cols] · Wᵀ, choosing the implementation as above.
-// x and y must not overlap. `workspace` holds MatmulPacked's buffers; it may
-// be null only when n < kPackedMinTokens.
+// The arithmetic of the small-n (decode) products on block-quantized
+// weights.
+enum class DecodeArith : uint8_t {
+  // x quantized to 8 bits per block (ggml's q8_0 / q8_1 / q8_K), integer
+  // dot products (matvec_int8.h): llama.cpp's arithmetic, 2-3x faster.
+  kInt8Dot,
+  // x kept in f32, W decoded exactly (matvec.h): the product of the stored
+  // weights' f32 values, the truth the f32 reference paths compare with.
+  kExactF32,
+};
+
+// y[n, w.rows] = x[n, w.cols] · Wᵀ, choosing the implementation as above;
+// below kPackedMinTokens, block types take the integer path when `arith`
+// is kInt8Dot (F32/F16/BF16 always the f32 one). x and y must not overlap.
+// `workspace` holds MatmulPacked's buffers and the quantized activations;
+// it may be null only when n < kPackedMinTokens (the integer path then
+// allocates its activation rows).
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
-            MatmulWorkspace* workspace);
+            MatmulWorkspace* workspace, DecodeArith arith);
 
 // Always sgemm (panels for non-F32 types, decoded into `workspace`, which
 // F32 does not touch). The output rows are split into

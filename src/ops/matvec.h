@@ -32,11 +32,13 @@ namespace kvq::ops {
 // (0.85-1.3), q4_0/q4_1 0.8-0.9, q5_0/q5_1 0.5-0.6, q4_K/q6_K 0.45-0.55,
 // q2_K/q3_K/q5_K/iq4_nl 0.2-0.4 (before the last q5/q6_K speed-ups): the
 // block types are compute-bound.
-// Kept for now because it is exact: results depend only on W and x (the
-// stored weights' f32 model); llama.cpp's add an 8-bit rounding of x, so
-// the two agree only to within that rounding. The integer path (VNNI
-// dpbusd on x86, with this f32 path as its reference) is the known next
-// step to reach llama.cpp's decode speed on these types.
+// Kept as the exact path: results depend only on W and x (the stored
+// weights' f32 model), where llama.cpp's add an 8-bit rounding of x. Decode
+// on block types now defaults to the integer path (matvec_int8.h: x
+// quantized once per product to q8_0 / q8_1 / q8_K, VNNI dpbusd, this
+// path's arithmetic as its reference only through the shared weights);
+// Matmul's DecodeArith chooses (matmul.h). Measured in the same run as
+// the integer kernels: INT8_FIGURES.
 void Matvec(const WeightView& w, const float* x, float* y, int num_threads);
 
 // Batched products without BLAS: y[n, w.rows] = x[n, w.cols] · Wᵀ. Tiles of

@@ -62,11 +62,24 @@ int64_t MatmulPanelRows(int64_t cols) {
   return std::max(kRowQuantum, rows / kRowQuantum * kRowQuantum);
 }
 
+bool Int8DotIsFaster(WeightType type) {
+  switch (type) {
+    case WeightType::kIQ4_NL:
+    case WeightType::kQ2_K:
+    case WeightType::kQ3_K:
+    case WeightType::kQ4_K:
+    case WeightType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
             MatmulWorkspace* workspace, DecodeArith arith) {
   if (n >= kPackedMinTokens) {
     MatmulPacked(w, x, n, y, num_threads, workspace);
-  } else if (arith == DecodeArith::kInt8Dot && HasInt8Dot(w.type)) {
+  } else if (arith == DecodeArith::kInt8Dot && Int8DotIsFaster(w.type)) {
     const int64_t bytes = n * Int8ActRowBytes(w.type, w.cols);
     std::vector<uint8_t> local;
     uint8_t* acts = workspace != nullptr ? workspace->SharedBytes(bytes) : nullptr;

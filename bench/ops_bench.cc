@@ -271,13 +271,21 @@ void BM_Matmul(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   }
 }
 
-void RegisterAll() {
-  benchmark::RegisterBenchmark("ReadProbe", BM_ReadProbe)->Arg(1)->Arg(2)->UseRealTime();
-  const WeightType types[] = {WeightType::kF32, WeightType::kF16, WeightType::kBF16,
-                              WeightType::kQ8_0};
-  struct Shape {
-    int64_t rows, cols;
-  };
+const WeightType kDenseTypes[] = {WeightType::kF32, WeightType::kF16, WeightType::kBF16,
+                                  WeightType::kQ8_0};
+// The other block types; the real models' shapes below.
+const WeightType kBlockTypes[] = {
+    WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL,
+    WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K};
+struct Shape {
+  int64_t rows, cols;
+};
+
+// Decode products: Matvec (f32 path) and MatvecInt8 (integer path), from
+// DRAM and from L2.
+void RegisterMatvec() {
+  const auto& types = kDenseTypes;
+  const auto& block_types = kBlockTypes;
   // Qwen2.5-0.5B: q/o proj, gate/up, down, tied LM head.
   const Shape shapes[] = {{896, 896}, {4864, 896}, {896, 4864}, {151936, 896}};
   for (const Shape& s : shapes) {
@@ -300,13 +308,6 @@ void RegisterAll() {
       }
     }
   }
-  // The other block types at the real models' shapes: SmolLM2-135M
-  // (hidden 576, ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where
-  // cols is a multiple of 256.
-  const WeightType block_types[] = {WeightType::kQ4_0, WeightType::kQ4_1,   WeightType::kQ5_0,
-                                    WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ2_K,
-                                    WeightType::kQ3_K, WeightType::kQ4_K,   WeightType::kQ5_K,
-                                    WeightType::kQ6_K};
   for (WeightType t : types) {
     benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
                                  BM_MatvecL2, t, 576, 1536, false);
@@ -323,6 +324,9 @@ void RegisterAll() {
           BM_MatvecL2, t, 576, 1536, int8);
     }
   }
+  // The block types at the real models' shapes: SmolLM2-135M (hidden 576,
+  // ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where cols is a
+  // multiple of 256.
   const Shape real_shapes[] = {{576, 1536}, {1536, 576}, {896, 4864}, {4864, 896}};
   for (const Shape& s : real_shapes) {
     for (WeightType t : block_types) {
@@ -340,8 +344,14 @@ void RegisterAll() {
       }
     }
   }
+}
+
+void RegisterAll() {
+  benchmark::RegisterBenchmark("ReadProbe", BM_ReadProbe)->Arg(1)->Arg(2)->UseRealTime();
+  RegisterMatvec();
+  const auto& types = kDenseTypes;
   for (const Shape& s : {Shape{4864, 896}, Shape{896, 4864}}) {
-    for (WeightType t : block_types) {
+    for (WeightType t : kBlockTypes) {
       if (s.cols % BlockSize(t) != 0) continue;
       const std::string name = std::string("Prefill/MatmulPacked/") + WeightTypeName(t) + "/" +
                                std::to_string(s.rows) + "x" + std::to_string(s.cols);

@@ -12,6 +12,8 @@
 #include <limits>
 #include <string>
 
+#include "ops/matmul.h"
+#include "ops/matvec.h"
 #include "ops_test_util.h"
 
 namespace kvq::ops {
@@ -205,6 +207,30 @@ TEST(QuantizeActsTest, FormatsAndSizes) {
   EXPECT_EQ(Int8ActRowBytes(WeightType::kQ4_K, 512), 2 * 292);
   EXPECT_EQ(Int8ActRowBytes(WeightType::kQ5_1, 64), 2 * 36);
   EXPECT_EQ(Int8ActRowBytes(WeightType::kIQ4_NL, 64), 2 * 34);
+}
+
+// Matmul's decode routing: kInt8Dot takes the integer path exactly on the
+// Int8DotIsFaster types (bit-identical to quantizing and calling
+// MatvecInt8), kExactF32 never; with or without a workspace.
+TEST(MatmulDecodeArithTest, RoutesByTypeAndChoice) {
+  std::mt19937 rng(11);
+  for (WeightType type : kIntTypes) {
+    const int64_t rows = 37, cols = 2 * kQKBlock, n = 3;
+    const auto w = RandomWeight(rng, type, rows, cols, 0.5f);
+    const std::vector<float> x = opstest::RandomVector(rng, n * cols, 1.0f);
+    std::vector<uint8_t> acts(static_cast<size_t>(n * Int8ActRowBytes(type, cols)));
+    QuantizeActs(type, x.data(), n, cols, acts.data());
+    std::vector<float> int8(n * rows), exact(n * rows), y(n * rows), y_null(n * rows);
+    MatvecInt8(w.view(), acts.data(), n, int8.data(), 2);
+    MatvecBatch(w.view(), x.data(), n, exact.data(), 2);
+    MatmulWorkspace ws;
+    Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kInt8Dot);
+    Matmul(w.view(), x.data(), n, y_null.data(), 2, nullptr, DecodeArith::kInt8Dot);
+    EXPECT_EQ(y, Int8DotIsFaster(type) ? int8 : exact) << WeightTypeName(type);
+    EXPECT_EQ(y_null, y) << WeightTypeName(type);
+    Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kExactF32);
+    EXPECT_EQ(y, exact) << WeightTypeName(type);
+  }
 }
 
 }  // namespace

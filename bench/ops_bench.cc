@@ -24,6 +24,7 @@
 #include "base/fp16.h"
 #include "ops/matmul.h"
 #include "ops/matvec.h"
+#include "ops/matvec_int8.h"
 #include "ops/weights.h"
 #include "read_probe.h"
 
@@ -110,7 +111,20 @@ void BM_ReadProbe(benchmark::State& state) {
 // rotating buffer with the same thread count. Interleaving makes both see
 // the same machine load, so vs_probe = GB/s(matvec) / GB/s(probe) is stable
 // even when absolute figures swing with other users of the machine.
-void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t cols) {
+// One decode product: Matvec (exact f32), or with `int8` the integer path
+// including its quantization of x (as Matmul runs it).
+struct DecodeProduct {
+  bool int8;
+  std::vector<uint8_t> acts;
+  void Run(const WeightView& w, const float* x, float* y, int threads) {
+    if (!int8) return Matvec(w, x, y, threads);
+    acts.resize(static_cast<size_t>(Int8ActRowBytes(w.type, w.cols)));
+    QuantizeActs(w.type, x, 1, w.cols, acts.data());
+    MatvecInt8(w, acts.data(), 1, y, threads);
+  }
+};
+
+void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t cols, bool int8) {
   const int threads = static_cast<int>(state.range(0));
   RotatingWeights w(type, rows, cols, kRotateBytes);
   const int64_t bytes = rows * RowBytes(type, cols);
@@ -120,9 +134,10 @@ void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
   int64_t k = 0, offset = 0;
   double probe_seconds = 0.0, matvec_seconds = 0.0;
+  DecodeProduct product{int8, {}};
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    Matvec(w.view(k++), x.data(), y.data(), threads);
+    product.Run(w.view(k++), x.data(), y.data(), threads);
     benchmark::DoNotOptimize(y.data());
     const auto t1 = std::chrono::steady_clock::now();
     if (offset + window > probe_words) offset = 0;
@@ -150,13 +165,17 @@ double ThreadCpuSeconds() {
 // enough to stay in L2, thread CPU time (steady on a shared machine).
 // Gweights_cpu is directly comparable with `kvq-llamacpp-harness vecdot`
 // (ggml's vec_dot on the same shape; see ops/matvec.h).
-void BM_MatvecL2(benchmark::State& state, WeightType type, int64_t rows, int64_t cols) {
+void BM_MatvecL2(benchmark::State& state, WeightType type, int64_t rows, int64_t cols, bool int8) {
   RotatingWeights w(type, rows, cols, 0);
-  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
+  for (float& v : x) v = dist(rng);
+  DecodeProduct product{int8, {}};
   double cpu = 0.0;
   for (auto _ : state) {
     const double c0 = ThreadCpuSeconds();
-    Matvec(w.view(0), x.data(), y.data(), 1);
+    product.Run(w.view(0), x.data(), y.data(), 1);
     benchmark::DoNotOptimize(y.data());
     cpu += ThreadCpuSeconds() - c0;
   }
@@ -185,7 +204,7 @@ void RunMatmul(MatmulImpl impl, const WeightView& v, const float* x, int64_t n, 
                int threads, MatmulWorkspace* ws) {
   switch (impl) {
     case MatmulImpl::kMatmul:
-      return Matmul(v, x, n, y, threads, ws);
+      return Matmul(v, x, n, y, threads, ws, DecodeArith::kInt8Dot);
     case MatmulImpl::kSgemm:
       return MatmulSgemm(v, x, n, y, threads, ws);
     case MatmulImpl::kTiles:
@@ -252,58 +271,87 @@ void BM_Matmul(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   }
 }
 
-void RegisterAll() {
-  benchmark::RegisterBenchmark("ReadProbe", BM_ReadProbe)->Arg(1)->Arg(2)->UseRealTime();
-  const WeightType types[] = {WeightType::kF32, WeightType::kF16, WeightType::kBF16,
-                              WeightType::kQ8_0};
-  struct Shape {
-    int64_t rows, cols;
-  };
+const WeightType kDenseTypes[] = {WeightType::kF32, WeightType::kF16, WeightType::kBF16,
+                                  WeightType::kQ8_0};
+// The other block types; the real models' shapes below.
+const WeightType kBlockTypes[] = {
+    WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL,
+    WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K};
+struct Shape {
+  int64_t rows, cols;
+};
+
+// Decode products: Matvec (f32 path) and MatvecInt8 (integer path), from
+// DRAM and from L2.
+void RegisterMatvec() {
+  const auto& types = kDenseTypes;
+  const auto& block_types = kBlockTypes;
   // Qwen2.5-0.5B: q/o proj, gate/up, down, tied LM head.
   const Shape shapes[] = {{896, 896}, {4864, 896}, {896, 4864}, {151936, 896}};
   for (const Shape& s : shapes) {
     for (WeightType t : types) {
       for (int threads : {1, 2}) {
+        if (t == WeightType::kQ8_0) {
+          const std::string name = std::string("MatvecInt8/q8_0/") + std::to_string(s.rows) + "x" +
+                                   std::to_string(s.cols);
+          benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, true)
+              ->Arg(threads)
+              ->ArgName("threads")
+              ->UseManualTime();
+        }
         const std::string name = std::string("Matvec/") + WeightTypeName(t) + "/" +
                                  std::to_string(s.rows) + "x" + std::to_string(s.cols);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols)
+        benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, false)
             ->Arg(threads)
             ->ArgName("threads")
             ->UseManualTime();
       }
     }
   }
-  // The other block types at the real models' shapes: SmolLM2-135M
-  // (hidden 576, ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where
-  // cols is a multiple of 256.
-  const WeightType block_types[] = {WeightType::kQ4_0, WeightType::kQ4_1,   WeightType::kQ5_0,
-                                    WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ2_K,
-                                    WeightType::kQ3_K, WeightType::kQ4_K,   WeightType::kQ5_K,
-                                    WeightType::kQ6_K};
   for (WeightType t : types) {
     benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
-                                 BM_MatvecL2, t, 576, 1536);
+                                 BM_MatvecL2, t, 576, 1536, false);
+  }
+  // Each block type's exact f32 path, then its integer path (MatvecInt8L2).
+  for (WeightType t : {WeightType::kQ8_0}) {
+    benchmark::RegisterBenchmark((std::string("MatvecInt8L2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536, true);
   }
   for (WeightType t : block_types) {
-    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
-                                 BM_MatvecL2, t, 576, 1536);
+    for (bool int8 : {false, true}) {
+      benchmark::RegisterBenchmark(
+          (std::string(int8 ? "MatvecInt8L2/" : "MatvecL2/") + WeightTypeName(t)).c_str(),
+          BM_MatvecL2, t, 576, 1536, int8);
+    }
   }
+  // The block types at the real models' shapes: SmolLM2-135M (hidden 576,
+  // ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where cols is a
+  // multiple of 256.
   const Shape real_shapes[] = {{576, 1536}, {1536, 576}, {896, 4864}, {4864, 896}};
   for (const Shape& s : real_shapes) {
     for (WeightType t : block_types) {
       if (s.cols % BlockSize(t) != 0) continue;
-      for (int threads : {1, 2}) {
-        const std::string name = std::string("Matvec/") + WeightTypeName(t) + "/" +
-                                 std::to_string(s.rows) + "x" + std::to_string(s.cols);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols)
-            ->Arg(threads)
-            ->ArgName("threads")
-            ->UseManualTime();
+      for (bool int8 : {false, true}) {
+        for (int threads : {1, 2}) {
+          const std::string name = std::string(int8 ? "MatvecInt8/" : "Matvec/") +
+                                   WeightTypeName(t) + "/" + std::to_string(s.rows) + "x" +
+                                   std::to_string(s.cols);
+          benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, int8)
+              ->Arg(threads)
+              ->ArgName("threads")
+              ->UseManualTime();
+        }
       }
     }
   }
+}
+
+void RegisterAll() {
+  benchmark::RegisterBenchmark("ReadProbe", BM_ReadProbe)->Arg(1)->Arg(2)->UseRealTime();
+  RegisterMatvec();
+  const auto& types = kDenseTypes;
   for (const Shape& s : {Shape{4864, 896}, Shape{896, 4864}}) {
-    for (WeightType t : block_types) {
+    for (WeightType t : kBlockTypes) {
       if (s.cols % BlockSize(t) != 0) continue;
       const std::string name = std::string("Prefill/MatmulPacked/") + WeightTypeName(t) + "/" +
                                std::to_string(s.rows) + "x" + std::to_string(s.cols);

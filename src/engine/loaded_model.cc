@@ -5,7 +5,7 @@
 
 namespace kvq {
 
-StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads) {
+StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads, ops::DecodeArith arith) {
   LoadedModel loaded;
   loaded.path = path.empty() ? DefaultModelPath() : path;
   if (loaded.path.empty()) {
@@ -18,7 +18,8 @@ StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads) {
   auto tokenizer = Tokenizer::Create(files.tokenizer);
   if (!tokenizer.ok()) return tokenizer.status().WithContext(loaded.path);
   loaded.tokenizer = std::move(tokenizer).value();
-  KVQ_ASSIGN_OR_RETURN(loaded.transformer, Transformer::Create(std::move(files), num_threads));
+  KVQ_ASSIGN_OR_RETURN(loaded.transformer,
+                       Transformer::Create(std::move(files), num_threads, arith));
   return loaded;
 }
 

@@ -18,7 +18,9 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-// Empty `path` means the default model (engine/default_model.h).
-StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads);
+// Empty `path` means the default model (engine/default_model.h). `arith`
+// as Transformer::Create.
+StatusOr<LoadedModel> LoadModel(const std::string& path, int num_threads,
+                                ops::DecodeArith arith = ops::DecodeArith::kInt8Dot);
 
 }  // namespace kvq

@@ -91,10 +91,12 @@ void AddInPlace(const float* y, int64_t count, float* x) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int num_threads) {
+StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int num_threads,
+                                                           ops::DecodeArith arith) {
   std::unique_ptr<Transformer> model(new Transformer());
   model->files_ = std::move(files);
   model->num_threads_ = num_threads < 1 ? 1 : num_threads;
+  model->arith_ = arith;
   const ModelConfig& c = model->files_.config;
   const ModelFiles& f = model->files_;
   if (c.num_heads <= 0 || c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0) {
@@ -222,9 +224,9 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
     const LayerWeights& w = weights_.layers[l];
     // Attention block: x += Wo · Attention(RoPE(Wq·norm(x)), RoPE(Wk·norm(x)), Wv·norm(x))
     ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-    ops::Matmul(w.attn_q, xn.data(), T, q.data(), num_threads_, &workspace_);
-    ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), num_threads_, &workspace_);
-    ops::Matmul(w.attn_v, xn.data(), T, v.data(), num_threads_, &workspace_);
+    ops::Matmul(w.attn_q, xn.data(), T, q.data(), num_threads_, &workspace_, arith_);
+    ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), num_threads_, &workspace_, arith_);
+    ops::Matmul(w.attn_v, xn.data(), T, v.data(), num_threads_, &workspace_, arith_);
     if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
     if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
     if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
@@ -247,15 +249,15 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
                                        attn.data() + offset * q_dim));
       offset += n;
     }
-    ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_);
+    ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_, arith_);
     AddInPlace(xn.data(), T * hidden, x.data());
 
     // Feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
     ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-    ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), num_threads_, &workspace_);
-    ops::Matmul(w.ffn_up, xn.data(), T, up.data(), num_threads_, &workspace_);
+    ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), num_threads_, &workspace_, arith_);
+    ops::Matmul(w.ffn_up, xn.data(), T, up.data(), num_threads_, &workspace_, arith_);
     ops::SwiGlu(gate.data(), up.data(), T * ffn, gate.data());
-    ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), num_threads_, &workspace_);
+    ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), num_threads_, &workspace_, arith_);
     AddInPlace(xn.data(), T * hidden, x.data());
   }
 
@@ -268,7 +270,7 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
   }
   ops::RmsNorm(rows.data(), weights_.output_norm.data(), R, hidden, c.rms_norm_eps, rows.data());
   logits->resize(static_cast<size_t>(R * c.vocab_size));
-  ops::Matmul(weights_.output, rows.data(), R, logits->data(), num_threads_, &workspace_);
+  ops::Matmul(weights_.output, rows.data(), R, logits->data(), num_threads_, &workspace_, arith_);
   return Status::Ok();
 }
 

@@ -90,7 +90,11 @@ struct ForwardActivations {
 class Transformer {
  public:
   // Takes ownership of the loaded files (weights are used in place).
-  static StatusOr<std::unique_ptr<Transformer>> Create(ModelFiles files, int num_threads);
+  // `arith`: decode products on block-quantized weights with 8-bit
+  // activations and integer dots (llama.cpp's arithmetic, the default) or
+  // exactly in f32 (ops/matmul.h).
+  static StatusOr<std::unique_ptr<Transformer>> Create(
+      ModelFiles files, int num_threads, ops::DecodeArith arith = ops::DecodeArith::kInt8Dot);
 
   const ModelConfig& config() const { return files_.config; }
   const ModelFiles& files() const { return files_; }
@@ -111,6 +115,7 @@ class Transformer {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   ops::RopeLayout rope_layout_ = ops::RopeLayout::kHalves;
   int num_threads_ = 1;
+  ops::DecodeArith arith_ = ops::DecodeArith::kInt8Dot;
   ops::MatmulWorkspace workspace_;
   ForwardActivations act_;
 };

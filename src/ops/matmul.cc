@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ops/matvec.h"
+#include "ops/matvec_int8.h"
 
 namespace kvq::ops {
 namespace {
@@ -43,8 +44,15 @@ float* MatmulWorkspace::Shared(int64_t floats) {
   return shared_.data();
 }
 
+uint8_t* MatmulWorkspace::SharedBytes(int64_t bytes) {
+  if (static_cast<int64_t>(shared_bytes_.size()) < bytes) {
+    shared_bytes_.resize(static_cast<size_t>(bytes));
+  }
+  return shared_bytes_.data();
+}
+
 int64_t MatmulWorkspace::bytes() const {
-  int64_t total = static_cast<int64_t>(shared_.size() * sizeof(float));
+  int64_t total = static_cast<int64_t>(shared_.size() * sizeof(float) + shared_bytes_.size());
   for (const auto& p : panels_) total += static_cast<int64_t>(p.size() * sizeof(float));
   return total;
 }
@@ -54,10 +62,33 @@ int64_t MatmulPanelRows(int64_t cols) {
   return std::max(kRowQuantum, rows / kRowQuantum * kRowQuantum);
 }
 
+bool Int8DotIsFaster(WeightType type) {
+  switch (type) {
+    case WeightType::kIQ4_NL:
+    case WeightType::kQ2_K:
+    case WeightType::kQ3_K:
+    case WeightType::kQ4_K:
+    case WeightType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
-            MatmulWorkspace* workspace) {
+            MatmulWorkspace* workspace, DecodeArith arith) {
   if (n >= kPackedMinTokens) {
     MatmulPacked(w, x, n, y, num_threads, workspace);
+  } else if (arith == DecodeArith::kInt8Dot && Int8DotIsFaster(w.type)) {
+    const int64_t bytes = n * Int8ActRowBytes(w.type, w.cols);
+    std::vector<uint8_t> local;
+    uint8_t* acts = workspace != nullptr ? workspace->SharedBytes(bytes) : nullptr;
+    if (acts == nullptr) {
+      local.resize(static_cast<size_t>(bytes));
+      acts = local.data();
+    }
+    QuantizeActs(w.type, x, n, w.cols, acts);
+    MatvecInt8(w, acts, n, y, num_threads);
   } else {
     MatvecBatch(w, x, n, y, num_threads);
   }

@@ -39,23 +39,51 @@ class MatmulWorkspace {
   // One buffer of at least `floats` floats shared by all threads of a call
   // (MatmulPacked's repacked activations).
   float* Shared(int64_t floats);
+  // At least `bytes` bytes shared by all threads of a call (quantized
+  // activation rows of the integer path).
+  uint8_t* SharedBytes(int64_t bytes);
   // Total bytes held (for memory accounting).
   int64_t bytes() const;
 
  private:
   std::vector<std::vector<float>> panels_;  // [threads][floats]
   std::vector<float> shared_;               // [floats]
+  std::vector<uint8_t> shared_bytes_;       // [bytes]
 };
 
 // Batches of at least this many tokens go to MatmulPacked, smaller ones to
 // MatvecBatch.
 inline constexpr int64_t kPackedMinTokens = 32;
 
-// y[n, w.rows] = x[n, w.cols] · Wᵀ, choosing the implementation as above.
-// x and y must not overlap. `workspace` holds MatmulPacked's buffers; it may
-// be null only when n < kPackedMinTokens.
+// The arithmetic of the small-n (decode) products on block-quantized
+// weights.
+enum class DecodeArith : uint8_t {
+  // The integer path (matvec_int8.h: x quantized to 8 bits per block,
+  // ggml's q8_0 / q8_1 / q8_K, then integer dot products, llama.cpp's
+  // arithmetic) on the types where it is measured faster than the f32 path
+  // (Int8DotIsFaster), the f32 path on the others.
+  kInt8Dot,
+  // x kept in f32, W decoded exactly (matvec.h): the product of the stored
+  // weights' f32 values, the truth the f32 reference paths compare with.
+  kExactF32,
+};
+
+// The types whose integer-dot matvec beat the exact f32 one in one locked
+// ops_bench run (2026-12-02, ops/matvec.h; L2-resident Gweights/s, one
+// core): IQ4_NL 22.1 vs 3.3, Q3_K 10.9 vs 7.8, Q6_K 23.3 vs 16.6, Q4_K 20.5
+// vs 20.0, Q2_K 18.2 vs 18.0. Not (yet) the others, whose f32 kernels were
+// as fast or faster: Q8_0 20.0 vs 31.1, Q4_1 22.6 vs 25.2, Q5_0 18.9 vs
+// 20.7, Q5_1 18.1 vs 19.1, Q4_0 19.5 vs 20.8, Q5_K 12.1 vs 15.8.
+bool Int8DotIsFaster(WeightType type);
+
+// y[n, w.rows] = x[n, w.cols] · Wᵀ, choosing the implementation as above;
+// below kPackedMinTokens, the types of Int8DotIsFaster take the integer
+// path when `arith` is kInt8Dot. x and y must not overlap.
+// `workspace` holds MatmulPacked's buffers and the quantized activations;
+// it may be null only when n < kPackedMinTokens (the integer path then
+// allocates its activation rows).
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
-            MatmulWorkspace* workspace);
+            MatmulWorkspace* workspace, DecodeArith arith);
 
 // Always sgemm (panels for non-F32 types, decoded into `workspace`, which
 // F32 does not touch). The output rows are split into

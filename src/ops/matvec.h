@@ -32,11 +32,26 @@ namespace kvq::ops {
 // (0.85-1.3), q4_0/q4_1 0.8-0.9, q5_0/q5_1 0.5-0.6, q4_K/q6_K 0.45-0.55,
 // q2_K/q3_K/q5_K/iq4_nl 0.2-0.4 (before the last q5/q6_K speed-ups): the
 // block types are compute-bound.
-// Kept for now because it is exact: results depend only on W and x (the
-// stored weights' f32 model); llama.cpp's add an 8-bit rounding of x, so
-// the two agree only to within that rounding. The integer path (VNNI
-// dpbusd on x86, with this f32 path as its reference) is the known next
-// step to reach llama.cpp's decode speed on these types.
+// Kept as the exact path: results depend only on W and x (the stored
+// weights' f32 model), where llama.cpp's add an 8-bit rounding of x.
+// The integer path (matvec_int8.h: x quantized once per product to q8_0 /
+// q8_1 / q8_K, AVX-512 VNNI vpdpbusd) is the decode default on the types
+// where it is faster (matmul.h, Int8DotIsFaster). One locked run on
+// 2026-12-02 (this machine now an AMD EPYC with AVX-512 VNNI, faster than
+// the VM above, load 8-12; ops_bench MatvecL2 / MatvecInt8L2, the latter
+// including the quantization of x, beside `kvq-llamacpp-harness vecdot`;
+// Gweights/s, f32 path / integer path / ggml):
+//   q8_0 31.1 / 20.0 / 38.4, q4_0 20.8 / 19.5 / 34.3, q4_1 25.2 / 22.6 /
+//   30.7, q5_0 20.7 / 18.9 / 29.5, q5_1 19.1 / 18.1 / 27.4, iq4_nl 3.3 /
+//   22.1 / 30.7, q2_K 18.0 / 18.2 / 54.1, q3_K 7.8 / 10.9 / 33.3, q4_K
+//   20.0 / 20.5 / 47.1, q5_K 15.8 / 12.1 / 33.0, q6_K 16.6 / 23.3 / 48.2.
+// The integer kernels reach 0.4-0.7x ggml's: per block and row they still
+// do scalar work ggml vectorizes (the K-quants' 6-bit scale and min
+// unpacking and min correction, each block's f16 scale), and 256-bit, not
+// 512-bit, vectors. From DRAM (Matvec / MatvecInt8 at 896 x 4864 and
+// 4864 x 896, one thread, vs_probe) the two paths are within 10% of each
+// other except q6_K (0.58 f32 -> 0.66 integer) and q8_0 at 896 x 4864
+// (0.93 -> 0.80).
 void Matvec(const WeightView& w, const float* x, float* y, int num_threads);
 
 // Batched products without BLAS: y[n, w.rows] = x[n, w.cols] · Wᵀ. Tiles of

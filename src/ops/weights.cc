@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/fp16.h"
+#include "ops/matvec_int8.h"
 
 namespace kvq::ops {
 
@@ -75,7 +76,7 @@ void QuantizeRowQ8_0(const float* x, int64_t n, BlockQ8_0* out) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     out[b].d = F32ToF16(d);
     for (int64_t j = 0; j < kQ8_0BlockSize; ++j) {
-      out[b].q[j] = static_cast<int8_t>(std::round(xb[j] * id));
+      out[b].q[j] = RoundToQ8(std::round(xb[j] * id));
     }
   }
 }

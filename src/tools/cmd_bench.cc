@@ -24,12 +24,15 @@ struct BenchFlags {
   std::vector<int64_t> depths{0};
   int repetitions = 5;
   int threads = 0;
+  bool exact_matvec = false;
   KvFlags kv;
 };
 
 int RunBenchCommand(const BenchFlags& flags) {
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
-  auto loaded = LoadModel(flags.model, threads);
+  auto loaded =
+      LoadModel(flags.model, threads,
+                flags.exact_matvec ? ops::DecodeArith::kExactF32 : ops::DecodeArith::kInt8Dot);
   if (!loaded.ok()) {
     std::fprintf(stderr, "kvq bench: %s\n", loaded.status().message().c_str());
     return 1;
@@ -125,6 +128,9 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
+  cmd->add_flag("--exact-matvec", flags->exact_matvec,
+                "Decode block-quantized weights against f32 activations (exact) instead of "
+                "llama.cpp's 8-bit activations and integer dot products");
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunBenchCommand(*flags); });
 }

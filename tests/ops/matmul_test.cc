@@ -36,7 +36,7 @@ void ExpectMatmulNearRef(const TestWeight& w, int64_t n, int threads, std::mt199
   MatmulWorkspace ws;
   switch (path) {
     case Path::kMatmul:
-      Matmul(w.view(), x.data(), n, y.data(), threads, &ws);
+      Matmul(w.view(), x.data(), n, y.data(), threads, &ws, DecodeArith::kExactF32);
       break;
     case Path::kSgemm:
       MatmulSgemm(w.view(), x.data(), n, y.data(), threads, &ws);
@@ -148,7 +148,7 @@ TEST_P(MatmulTest, IntegerValuesExactAllPathsReusedWorkspace) {
       for (int64_t n : {3, 70}) {
         const std::vector<float> x = opstest::RandomIntegers(rng, n * cols, 4);
         std::vector<float> y(n * 48), y2(n * 48), y3(n * 48), ref(n * 48);
-        Matmul(w.view(), x.data(), n, y.data(), 2, &ws);
+        Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kExactF32);
         MatmulSgemm(w.view(), x.data(), n, y2.data(), 2, &ws);
         MatmulPacked(w.view(), x.data(), n, y3.data(), 2, &ws);
         MatmulRef(w.view(), x.data(), n, ref.data());

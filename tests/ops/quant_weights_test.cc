@@ -178,7 +178,7 @@ TEST_P(QuantKernelTest, PackedAndRoutedMatmulNearReference) {
         MatmulWorkspace ws;
         MatmulPacked(w.view(), x.data(), n, y.data(), 2, &ws);
         ExpectNearRef(w, x, n, y, "MatmulPacked");
-        Matmul(w.view(), x.data(), n, y.data(), 1, &ws);
+        Matmul(w.view(), x.data(), n, y.data(), 1, &ws, DecodeArith::kExactF32);
         ExpectNearRef(w, x, n, y, "Matmul");
       }
     }

@@ -1,0 +1,236 @@
+// Highway-dispatched integer-dot matvec (matvec_int8.h). Compiled once per
+// SIMD target through foreach_target.h, AVX3_DL included (Highway 1.0.3
+// only builds it on request), so AVX-512 VNNI machines get vpdpbusd.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
+
+#include "ops/matvec_int8.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "base/fp16.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/matvec_int8.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// After highway.h (own include block so clang-format keeps the order).
+#include "hwy/cache_control.h"
+#include "ops/quant_dot-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvq::ops {
+namespace HWY_NAMESPACE {
+
+#if KVQ_INT8_DOT_SIMD
+using qdot::Dot;
+using qdot::ScaledDot;
+
+HWY_INLINE float Half(uint16_t bits) { return _cvtsh_ss(bits); }
+
+HWY_INLINE float HorizontalSum(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+// Prefetches the tile after this one at the rate this one is read (the R
+// rows are R short interleaved streams the hardware prefetcher follows
+// poorly; as matvec.cc).
+struct Prefetcher {
+  const uint8_t* next;  // nullptr if none
+  int64_t tile_bytes, blocks, done = 0;
+  HWY_INLINE void At(int64_t blk) {
+    if (next == nullptr) return;
+    for (const int64_t upto = (blk + 1) * tile_bytes / blocks; done < upto; done += 64) {
+      hwy::Prefetch(next + done);
+    }
+  }
+};
+
+// The two 32-value activation blocks: BlockQ8_0 names its quants q and
+// has no s.
+HWY_INLINE const int8_t* ActQs(const BlockQ8_0& a) { return a.q; }
+HWY_INLINE const int8_t* ActQs(const BlockQ8_1& a) { return a.qs; }
+HWY_INLINE uint16_t ActS(const BlockQ8_0&) { return 0; }
+HWY_INLINE uint16_t ActS(const BlockQ8_1& a) { return a.s; }
+
+// y[r] for R rows of a 32-value block type against one Q8_0 / Q8_1 row:
+// per block and row, 8 int32 lanes of the exact dot product, converted to
+// f32 (exact: |lane| <= 4 * 128 * 127) and multiplied by d_w * d_x in f32,
+// as the twin's per-block product; *_1 types add m_w * s_x (f32).
+template <int R, class T, class Act>
+KVQ_VNNI_ATTR HWY_INLINE void SmallTile(const uint8_t* row0, int64_t row_bytes, const Act* acts,
+                                        int64_t blocks, float* y, Prefetcher pf) {
+  __m256 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    pf.At(b);
+    const Act& a = acts[b];
+    const __m256i x = qdot::Load32(ActQs(a));
+    const float dx = Half(a.d);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = row0 + r * row_bytes;
+      const qdot::Operands o = qdot::Prepare<T::kSigned>(T::Weights(row, b), x);
+      const __m256i dot = Dot(_mm256_setzero_si256(), o.u, o.s);
+      const float dd = Half(T::D(row, b)) * dx;
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dd), acc[r]);
+      if constexpr (T::kMin) mins[r] += Half(T::M(row, b)) * Half(ActS(a));
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = HorizontalSum(acc[r]) + mins[r];
+}
+
+template <int... kG, class F>
+HWY_INLINE void ForEachGroup(std::integer_sequence<int, kG...>, F&& f) {
+  (f(std::integral_constant<int, kG>()), ...);
+}
+
+// y[r] for R rows of a K-quant against one Q8_K row: per super-block and
+// row the int32 lanes of sum_i sc_i * dot_i (exact, and exact in f32:
+// |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24), times d_x * d_w in f32, minus
+// d_x * dmin_w times the integer min correction (f32), as the twin.
+template <int R, class T>
+KVQ_VNNI_ATTR HWY_INLINE void KTile(const uint8_t* row0, int64_t row_bytes, const BlockQ8_K* acts,
+                                    int64_t blocks, float* y, Prefetcher pf) {
+  __m256 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    pf.At(b);
+    const BlockQ8_K& a = acts[b];
+    qdot::KPrep p[R];
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) {
+      p[r] = T::Prepare(row0 + r * row_bytes, b, a.bsums);
+      isum[r] = _mm256_setzero_si256();
+    }
+    ForEachGroup(std::make_integer_sequence<int, 8>(), [&](auto gc) KVQ_VNNI_ATTR HWY_ATTR {
+      constexpr int g = decltype(gc)::value;
+      const __m256i x = qdot::Load32(a.qs + 32 * g);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* row = row0 + r * row_bytes;
+        const qdot::Operands o = qdot::Prepare<T::kSigned>(T::template Weights<g>(row, b), x);
+        const __m256i scale = T::kPer32 ? qdot::ScaleLanes(p[r].sc[2 * g])
+                                        : qdot::ScaleLanes(p[r].sc[2 * g], p[r].sc[2 * g + 1]);
+        isum[r] = ScaledDot(isum[r], o.u, o.s, scale);
+      }
+    });
+    for (int r = 0; r < R; ++r) {
+      const float dd = a.d * Half(p[r].d);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dd), acc[r]);
+      mins[r] -= a.d * Half(p[r].dmin) * static_cast<float>(p[r].imin);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = HorizontalSum(acc[r]) + mins[r];
+}
+
+// Calls f(T{}, act_tag) with the integer unpacker of `type`.
+template <class F>
+HWY_INLINE void VisitIntType(WeightType type, F&& f) {
+  switch (type) {
+    case WeightType::kQ8_0:
+      return f(qdot::IntQ8_0{}, BlockQ8_0{});
+    case WeightType::kQ4_0:
+      return f(qdot::IntQ4_0{}, BlockQ8_0{});
+    case WeightType::kQ5_0:
+      return f(qdot::IntQ5_0{}, BlockQ8_0{});
+    case WeightType::kIQ4_NL:
+      return f(qdot::IntIQ4_NL{}, BlockQ8_0{});
+    case WeightType::kQ4_1:
+      return f(qdot::IntQ4_1{}, BlockQ8_1{});
+    case WeightType::kQ5_1:
+      return f(qdot::IntQ5_1{}, BlockQ8_1{});
+    case WeightType::kQ2_K:
+      return f(qdot::IntQ2_K{}, BlockQ8_K{});
+    case WeightType::kQ3_K:
+      return f(qdot::IntQ3_K{}, BlockQ8_K{});
+    case WeightType::kQ4_K:
+      return f(qdot::IntQ4_K{}, BlockQ8_K{});
+    case WeightType::kQ5_K:
+      return f(qdot::IntQ5_K{}, BlockQ8_K{});
+    case WeightType::kQ6_K:
+      return f(qdot::IntQ6_K{}, BlockQ8_K{});
+    default:
+      return;
+  }
+}
+
+// Rows [r0, r0 + R) of y[n, w.rows] for all n activation rows; the R weight
+// rows stay in L1 between tokens.
+template <int R>
+KVQ_VNNI_ATTR HWY_INLINE void RowsInt8(const WeightView& w, const uint8_t* acts, int64_t n,
+                                       float* y, int64_t r0) {
+  const int64_t act_bytes = Int8ActRowBytes(w.type, w.cols);
+  const int64_t row_bytes = w.row_bytes();
+  const uint8_t* next = r0 + 2 * R <= w.rows ? w.row(r0 + R) : nullptr;
+  VisitIntType(w.type, [&](auto t, auto act) KVQ_VNNI_ATTR HWY_ATTR {
+    using T = decltype(t);
+    using A = decltype(act);
+    const int64_t blocks = w.cols / (std::is_same_v<A, BlockQ8_K> ? kQKBlock : kQBlock);
+    for (int64_t tok = 0; tok < n; ++tok) {
+      const uint8_t* at = acts + tok * act_bytes;
+      float* yt = y + tok * w.rows + r0;
+      const Prefetcher pf{tok == 0 ? next : nullptr, R * row_bytes, blocks};
+      if constexpr (std::is_same_v<A, BlockQ8_K>) {
+        KTile<R, T>(w.row(r0), row_bytes, reinterpret_cast<const BlockQ8_K*>(at), blocks, yt, pf);
+      } else if constexpr (std::is_same_v<A, BlockQ8_1>) {
+        SmallTile<R, T>(w.row(r0), row_bytes, reinterpret_cast<const BlockQ8_1*>(at), blocks, yt,
+                        pf);
+      } else {
+        SmallTile<R, T>(w.row(r0), row_bytes, reinterpret_cast<const BlockQ8_0*>(at), blocks, yt,
+                        pf);
+      }
+    }
+  });
+}
+#endif  // KVQ_INT8_DOT_SIMD
+
+KVQ_VNNI_ATTR void MatvecInt8Impl(const WeightView& w, const uint8_t* HWY_RESTRICT acts, int64_t n,
+                                  float* HWY_RESTRICT y, int num_threads) {
+  constexpr int64_t kRowBlock = 4;
+  const int64_t row_blocks = w.rows / kRowBlock;
+  const bool parallel = num_threads > 1 && w.bytes() >= (int64_t{64} << 10);
+#if KVQ_INT8_DOT_SIMD
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (parallel)
+  for (int64_t rb = 0; rb < row_blocks; ++rb) RowsInt8<kRowBlock>(w, acts, n, y, rb * kRowBlock);
+  for (int64_t r = row_blocks * kRowBlock; r < w.rows; ++r) RowsInt8<1>(w, acts, n, y, r);
+#else
+  // No SIMD kernel on this target: the scalar twin, rows split as above.
+  const int64_t act_bytes = Int8ActRowBytes(w.type, w.cols);
+  const int64_t chunks = row_blocks + 1;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (parallel)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = c * kRowBlock;
+    const int64_t count = std::min(kRowBlock, w.rows - r0);
+    if (count <= 0) continue;
+    const WeightView slice{w.type, count, w.cols, w.row(r0)};
+    for (int64_t t = 0; t < n; ++t) {
+      MatvecInt8Ref(slice, acts + t * act_bytes, y + t * w.rows + r0, nullptr);
+    }
+  }
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvq::ops
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvq::ops {
+
+HWY_EXPORT(MatvecInt8Impl);
+
+void MatvecInt8(const WeightView& w, const uint8_t* acts, int64_t n, float* y, int num_threads) {
+  HWY_DYNAMIC_DISPATCH(MatvecInt8Impl)(w, acts, n, y, num_threads);
+}
+
+}  // namespace kvq::ops
+#endif  // HWY_ONCE

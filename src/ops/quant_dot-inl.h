@@ -1,0 +1,308 @@
+// Per-SIMD-target pieces of the integer-dot matvec (matvec_int8.cc): the
+// 8-bit dot product of 32 weights with 32 activations, and each weight
+// type's unpacking of one 32-value group to bytes. x86 AVX2 and up only;
+// matvec_int8.cc runs the scalar twin on the other targets.
+//
+// Why raw intrinsics: Debian's Highway 1.0.3 has no u8 x i8 dot product
+// (SumOfMulQuadAccumulate came later), and its AVX3_DL target string lacks
+// avx512vnni, so the functions that issue vpdpbusd carry that attribute
+// themselves (AVX3_DL's runtime check requires AVX512-VNNI). AVX2 and AVX3
+// emulate vpdpbusd with vpmaddubsw + vpmaddwd, as ggml does on AVX2; both
+// give the same int32 lanes (lane i holds bytes 4i .. 4i + 3), and the
+// pair sums of vpmaddubsw cannot saturate here: weights are at most 128
+// (|w| of a signed type, or an unsigned type's 63), activations at most
+// 127 in magnitude, 2 * 128 * 127 < 32767.
+//
+// Lanes 0-3 of a group's dot hold values 0-15, lanes 4-7 values 16-31, so
+// per-16 scales (Q2_K, Q3_K, Q6_K) multiply lanes, never split one.
+
+#if defined(KVQ_OPS_QUANT_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVQ_OPS_QUANT_DOT_INL_H_
+#undef KVQ_OPS_QUANT_DOT_INL_H_
+#else
+#define KVQ_OPS_QUANT_DOT_INL_H_
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "ops/weights.h"
+
+#undef KVQ_INT8_DOT_SIMD
+#undef KVQ_VNNI_ATTR
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define KVQ_INT8_DOT_SIMD 1
+#include <immintrin.h>
+#if HWY_TARGET == HWY_AVX3_DL
+#define KVQ_VNNI_ATTR __attribute__((target("avx512vnni")))
+#else
+#define KVQ_VNNI_ATTR
+#endif
+#else
+#define KVQ_INT8_DOT_SIMD 0
+#define KVQ_VNNI_ATTR
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvq::ops {
+namespace HWY_NAMESPACE {
+namespace qdot {
+
+#if KVQ_INT8_DOT_SIMD
+
+HWY_INLINE __m256i Load32(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+HWY_INLINE __m256i Bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+
+// Scale lanes for ScaledDot: `lo` for values 0-15, `hi` for 16-31 (i16
+// lanes for vpmaddwd, i32 lanes for the VNNI path's vpmulld).
+#if HWY_TARGET == HWY_AVX3_DL
+HWY_INLINE __m256i ScaleLanes(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo));
+}
+HWY_INLINE __m256i ScaleLanes(int both) { return _mm256_set1_epi32(both); }
+#else
+HWY_INLINE __m256i ScaleLanes(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(hi)),
+                          _mm_set1_epi16(static_cast<int16_t>(lo)));
+}
+HWY_INLINE __m256i ScaleLanes(int both) { return _mm256_set1_epi16(static_cast<int16_t>(both)); }
+#endif
+
+// acc + lanes of sum(u[k] * s[k]), u unsigned, s signed bytes.
+KVQ_VNNI_ATTR HWY_INLINE __m256i Dot(__m256i acc, __m256i u, __m256i s) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// acc + lanes of scale * sum(u[k] * s[k]), scale from ScaleLanes.
+KVQ_VNNI_ATTR HWY_INLINE __m256i ScaledDot(__m256i acc, __m256i u, __m256i s, __m256i scale) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return _mm256_add_epi32(
+      acc, _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scale));
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale));
+#endif
+}
+
+// Signed weights: |w| times x with w's sign (vpsignb zeroes x where w = 0,
+// where the product is 0 anyway). |-128| = 128 read as unsigned is exact.
+struct Operands {
+  __m256i u, s;
+};
+template <bool kSigned>
+HWY_INLINE Operands Prepare(__m256i w, __m256i x) {
+  if constexpr (kSigned) return {_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)};
+  return {w, x};
+}
+
+// 16 bytes of nibbles -> 32 values 0..15 (byte j: value j low, j + 16 high).
+HWY_INLINE __m256i Nibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0xF);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// Byte j = 16 where bit j of the little-endian u32 at qh is set, else 0.
+HWY_INLINE __m256i FifthBits(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+#if HWY_TARGET <= HWY_AVX3
+  return _mm256_maskz_set1_epi8(bits, 16);
+#else
+  // Byte j takes byte j / 8 of the bits, then tests its bit j % 8.
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), Bytes(16));
+#endif
+}
+
+template <class Block>
+HWY_INLINE const Block& BlockAt(const uint8_t* row, int64_t b) {
+  return reinterpret_cast<const Block*>(row)[b];
+}
+
+// 32-value block types: Weights(row, b) is the block's 32 integers (minus
+// the type's offset for the signed ones), d (and m) its scales.
+struct IntQ8_0 {
+  static constexpr bool kSigned = true, kMin = false;
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    return Load32(BlockAt<BlockQ8_0>(row, b).q);
+  }
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ8_0>(row, b).d;
+  }
+  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
+};
+struct IntQ4_0 {
+  static constexpr bool kSigned = true, kMin = false;
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    return _mm256_sub_epi8(Nibbles(BlockAt<BlockQ4_0>(row, b).qs), Bytes(8));
+  }
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ4_0>(row, b).d;
+  }
+  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
+};
+struct IntQ4_1 {
+  static constexpr bool kSigned = false, kMin = true;
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    return Nibbles(BlockAt<BlockQ4_1>(row, b).qs);
+  }
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ4_1>(row, b).d;
+  }
+  static HWY_INLINE uint16_t M(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ4_1>(row, b).m;
+  }
+};
+struct IntQ5_0 {
+  static constexpr bool kSigned = true, kMin = false;
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    const BlockQ5_0& k = BlockAt<BlockQ5_0>(row, b);
+    return _mm256_sub_epi8(_mm256_or_si256(Nibbles(k.qs), FifthBits(k.qh)), Bytes(16));
+  }
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ5_0>(row, b).d;
+  }
+  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
+};
+struct IntQ5_1 {
+  static constexpr bool kSigned = false, kMin = true;
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    const BlockQ5_1& k = BlockAt<BlockQ5_1>(row, b);
+    return _mm256_or_si256(Nibbles(k.qs), FifthBits(k.qh));
+  }
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ5_1>(row, b).d;
+  }
+  static HWY_INLINE uint16_t M(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockQ5_1>(row, b).m;
+  }
+};
+struct IntIQ4_NL {
+  static constexpr bool kSigned = true, kMin = false;
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+    return _mm256_shuffle_epi8(_mm256_set_m128i(levels, levels),
+                               Nibbles(BlockAt<BlockIQ4_NL>(row, b).qs));
+  }
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
+    return BlockAt<BlockIQ4_NL>(row, b).d;
+  }
+  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
+};
+
+// K-quant super-blocks: Prepare unpacks the scales (per 16 values, sc) and
+// the integer min correction sum_i mn_i * bsums_i once per block and row;
+// Weights<g>(row, b) is group g's 32 integers (0..7, a constant so the
+// shifts are immediates).
+struct KPrep {
+  uint16_t d, dmin;  // f16 bits (dmin 0 where the type has none)
+  int32_t imin;
+  int sc[16];
+};
+
+HWY_INLINE __m256i Srl16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+
+template <bool kFifth, class Block>
+struct IntQ45_K {
+  static constexpr bool kSigned = false, kPer32 = true;
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t* bsums) {
+    const Block& k = BlockAt<Block>(row, b);
+    KPrep p{k.d, k.dmin, 0, {}};
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, mn;
+      KScaleMin(k.scales, j, &sc, &mn);
+      p.sc[2 * j] = p.sc[2 * j + 1] = sc;
+      p.imin += mn * (bsums[2 * j] + bsums[2 * j + 1]);
+    }
+    return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    const Block& k = BlockAt<Block>(row, b);
+    const __m256i raw = Load32(k.qs + g / 2 * 32);
+    __m256i q = _mm256_and_si256(g % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), Bytes(0xF));
+    if constexpr (kFifth) {
+      const __m256i bit = _mm256_and_si256(Srl16(Load32(k.qh), g), Bytes(1));
+      q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+    }
+    return q;
+  }
+};
+using IntQ4_K = IntQ45_K<false, BlockQ4_K>;
+using IntQ5_K = IntQ45_K<true, BlockQ5_K>;
+
+struct IntQ6_K {
+  static constexpr bool kSigned = true, kPer32 = false;
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t*) {
+    const BlockQ6_K& k = BlockAt<BlockQ6_K>(row, b);
+    KPrep p{k.d, 0, 0, {}};
+    for (int i = 0; i < 16; ++i) p.sc[i] = k.scales[i];
+    return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    constexpr int h = g / 4, pl = g % 4;
+    const BlockQ6_K& k = BlockAt<BlockQ6_K>(row, b);
+    const __m256i ql = Load32(k.ql + h * 64 + (pl & 1) * 32);
+    const __m256i lo = _mm256_and_si256(pl < 2 ? ql : _mm256_srli_epi16(ql, 4), Bytes(0xF));
+    const __m256i hi = _mm256_and_si256(Srl16(Load32(k.qh + h * 32), 2 * pl), Bytes(3));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), Bytes(32));
+  }
+};
+
+struct IntQ3_K {
+  static constexpr bool kSigned = true, kPer32 = false;
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t*) {
+    const BlockQ3_K& k = BlockAt<BlockQ3_K>(row, b);
+    KPrep p{k.d, 0, 0, {}};
+    for (int i = 0; i < 16; ++i) p.sc[i] = Q3KScale(k.scales, i);
+    return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    constexpr int h = g / 4, pl = g % 4;
+    const BlockQ3_K& k = BlockAt<BlockQ3_K>(row, b);
+    const __m256i low = _mm256_and_si256(Srl16(Load32(k.qs + h * 32), 2 * pl), Bytes(3));
+    const __m256i high = _mm256_and_si256(Srl16(Load32(k.hmask), 4 * h + pl), Bytes(1));
+    return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), Bytes(4));
+  }
+};
+
+struct IntQ2_K {
+  static constexpr bool kSigned = false, kPer32 = false;
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t* bsums) {
+    const BlockQ2_K& k = BlockAt<BlockQ2_K>(row, b);
+    KPrep p{k.d, k.dmin, 0, {}};
+    for (int i = 0; i < 16; ++i) {
+      p.sc[i] = k.scales[i] & 0xF;
+      p.imin += (k.scales[i] >> 4) * bsums[i];
+    }
+    return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
+    constexpr int h = g / 4, pl = g % 4;
+    const BlockQ2_K& k = BlockAt<BlockQ2_K>(row, b);
+    return _mm256_and_si256(Srl16(Load32(k.qs + h * 32), 2 * pl), Bytes(3));
+  }
+};
+
+#endif  // KVQ_INT8_DOT_SIMD
+
+}  // namespace qdot
+}  // namespace HWY_NAMESPACE
+}  // namespace kvq::ops
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVQ_OPS_QUANT_DOT_INL_H_

@@ -43,6 +43,18 @@ inline int8_t RoundToQ8(float rounded) {
   return std::fabs(rounded) < 128.0f ? static_cast<int8_t>(rounded) : int8_t{0};
 }
 
+// One block of 32 values as ggml's q8_0 and q8_1 store them: q = round(x / d)
+// half away from zero, d = max |x| / 127. Returns d (f32, before its f16
+// rounding).
+inline float QuantizeBlockQ8(const float* x, int8_t* q) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kQBlock; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t j = 0; j < kQBlock; ++j) q[j] = RoundToQ8(std::round(x[j] * id));
+  return d;
+}
+
 // Bit-exact with ggml's quantize_row_q8_1_ref / quantize_row_q8_K_ref for
 // finite x (QuantizeRowQ8_0 in weights.h is the Q8_0 one). Q8_1 rounds
 // x / d half away from zero (roundf), Q8_K to nearest even (ggml's

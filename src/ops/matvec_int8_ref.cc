@@ -10,16 +10,9 @@ namespace kvq::ops {
 
 void QuantizeRowQ8_1(const float* x, int64_t n, BlockQ8_1* out) {
   for (int64_t b = 0; b < n / kQBlock; ++b) {
-    const float* xb = x + b * kQBlock;
-    float amax = 0.0f;
-    for (int64_t j = 0; j < kQBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = QuantizeBlockQ8(x + b * kQBlock, out[b].qs);
     int sum = 0;
-    for (int64_t j = 0; j < kQBlock; ++j) {
-      out[b].qs[j] = RoundToQ8(std::round(xb[j] * id));
-      sum += out[b].qs[j];
-    }
+    for (int64_t j = 0; j < kQBlock; ++j) sum += out[b].qs[j];
     out[b].d = F32ToF16(d);
     out[b].s = F32ToF16(static_cast<float>(sum) * d);
   }

@@ -69,15 +69,7 @@ Status ValidateWeightView(const WeightView& w) {
 
 void QuantizeRowQ8_0(const float* x, int64_t n, BlockQ8_0* out) {
   for (int64_t b = 0; b < n / kQ8_0BlockSize; ++b) {
-    const float* xb = x + b * kQ8_0BlockSize;
-    float amax = 0.0f;
-    for (int64_t j = 0; j < kQ8_0BlockSize; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b].d = F32ToF16(d);
-    for (int64_t j = 0; j < kQ8_0BlockSize; ++j) {
-      out[b].q[j] = RoundToQ8(std::round(xb[j] * id));
-    }
+    out[b].d = F32ToF16(QuantizeBlockQ8(x + b * kQ8_0BlockSize, out[b].q));
   }
 }
 

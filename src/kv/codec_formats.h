@@ -156,6 +156,9 @@ uint8_t NuqUnpackRef(int bits, int64_t i, const uint8_t* codes);
 // Sylvester Hadamard transform in place (its butterfly order), dim a power of two.
 std::vector<float> VllmRhtSigns(int64_t dim);
 void VllmHadamard(float* x, int64_t dim);
+// vLLM's int4_per_token_head rotation as an orthonormal matrix, M = H D /
+// sqrt(dim) (D = diag(VllmRhtSigns)), row-major [dim, dim].
+std::vector<float> VllmRotationMatrix(int64_t dim);
 // name: a vLLM format name (fp8_e4m3-t1, int8_per_token_head, ...).
 StatusOr<std::unique_ptr<KvCodec>> MakeVllmCodec(const std::string& name, int64_t head_dim,
                                                  CodecPath path);

@@ -36,10 +36,17 @@
 //       replaced by zp; decoded (u - zp) * scale_stored, then x = D H y / d.
 //       Row: head_dim / 2 bytes (byte j = element 2j | element 2j + 1 << 4),
 //       then the f32 scale. head_dim must be a power of two (vLLM asserts it).
+//       The rotation is the orthonormal M = H D / sqrt(d), handed to the
+//       cache as this codec's RotationMatrix: the cache stores M x, rotates
+//       the query by M and maps the attention output back by M^T once per
+//       Attend, so the kernels never leave the rotated domain (a map-back
+//       per kernel call cost 0.5x f16's decode speed at 16K). The codec
+//       quantizes y = sqrt(d) M x = H D x, vLLM's rotated row, and decodes
+//       (u - zp) * scale_stored / sqrt(d).
 // Differences kept on purpose: vLLM rounds the rotated row to the model's
 // dtype (and its CUDA Hadamard goes through bf16) before quantizing, and a
-// GPU may contract multiply-adds; kvq rotates and rounds in f32, one step at
-// a time. Non-finite input follows vLLM's kernels: the absolute maximum
+// GPU may contract multiply-adds; kvq rotates in double (the cache's dense
+// M x) and rounds once to f32. Non-finite input follows vLLM's kernels: the absolute maximum
 // ignores NaN (fmax), a NaN element is clamped to the lowest code (Triton's
 // clamp is fmax/fmin), an inf element makes the row's scale inf so the row
 // decodes to NaN/inf; per-tensor fp8 keeps NaN and saturates inf.
@@ -54,6 +61,26 @@
 #include "kv/codec_formats.h"
 #include "kv/codec_registry.h"
 #include "kv/kv_calibration.h"
+
+#ifndef KVQ_KV_CODEC_VLLM_SHARED_
+#define KVQ_KV_CODEC_VLLM_SHARED_
+namespace kvq::codec {
+// Shared by the SIMD kernels and the scalar twin, so both decode an int4 row
+// with the same float operations.
+struct Int4Params {
+  float scale;       // the stored scale (zp bits cleared) / sqrt(head_dim)
+  float zero_point;  // 0..15
+};
+inline float Int4InvSqrtDim(int64_t dim) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)));
+}
+inline Int4Params Int4RowParams(const uint8_t* row, int64_t dim, float inv_sqrt_dim) {
+  uint32_t bits;
+  std::memcpy(&bits, row + dim / 2, sizeof bits);
+  return {BitsToFloat(bits & ~0xFu) * inv_sqrt_dim, static_cast<float>(bits & 0xFu)};
+}
+}  // namespace kvq::codec
+#endif  // KVQ_KV_CODEC_VLLM_SHARED_
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kv/codec_vllm.cc"
@@ -132,27 +159,39 @@ struct TokenHeadFmt {
   }
 };
 
-// int4 in the rotated domain: (u - zp) * scale, u a nibble (byte j holds
-// elements 2j and 2j + 1), zp in the low 4 bits of the f32 scale.
+// int4 in the rotated domain: (u - zp) * (scale / sqrt(d)), u a nibble
+// (byte j holds elements 2j and 2j + 1), zp in the low 4 bits of the f32
+// scale.
 struct Int4RotatedFmt {
   using D = DF;
   static constexpr bool kHasParams = true;
   int64_t head_dim;
   size_t row_bytes;
+  float inv_sqrt_dim;
   int64_t ParamGroup() const { return head_dim; }
   ScaleOffset Params(const uint8_t* row, int64_t) const {
-    uint32_t bits;
-    std::memcpy(&bits, row + head_dim / 2, sizeof bits);
-    return {BitsToFloat(bits & ~0xFu), static_cast<float>(bits & 0xFu)};
+    const Int4Params p = Int4RowParams(row, head_dim, inv_sqrt_dim);
+    return {p.scale, p.zero_point};
   }
+  // Elements [i, i + lanes), i even: the lanes / 2 bytes from i / 2, each
+  // widened to a u32 holding its low nibble in the low u16 and its high
+  // nibble in the high u16, so the same bits read as u16 lanes are the
+  // nibbles in element order.
   HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF scale, VF zp) const {
-    HWY_ALIGN int32_t u[hn::MaxLanes(DI())];
-    for (size_t j = 0; j < hn::Lanes(d); ++j) {
-      const int64_t e = i + static_cast<int64_t>(j);
-      const uint8_t b = row[e >> 1];
-      u[j] = (e & 1) != 0 ? b >> 4 : b & 0xF;
-    }
-    return hn::Mul(hn::Sub(hn::ConvertTo(d, hn::Load(DI(), u)), zp), scale);
+#if HWY_TARGET == HWY_SCALAR
+    const uint8_t b = row[i >> 1];  // one lane: no pair to widen
+    const VI u = hn::Set(DI(), (i & 1) != 0 ? b >> 4 : b & 0xF);
+#else
+    const DI di;
+    const hn::Rebind<uint16_t, DI> d16;
+    const hn::Repartition<uint32_t, decltype(d16)> d32;
+    const hn::Rebind<uint8_t, decltype(d32)> d8;
+    const auto b = hn::PromoteTo(d32, hn::LoadU(d8, row + i / 2));
+    const auto pairs = hn::Or(hn::And(b, hn::Set(d32, 0xFu)),
+                              hn::ShiftLeft<12>(hn::And(b, hn::Set(d32, 0xF0u))));
+    const VI u = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DI>(), hn::BitCast(d16, pairs)));
+#endif
+    return hn::Mul(hn::Sub(hn::ConvertTo(d, u), zp), scale);
   }
 };
 
@@ -170,7 +209,7 @@ HWY_INLINE void WithVllmFormat(int kind, int64_t dim, size_t row_bytes, float sc
     case 3:
       return f(TokenHeadFmt<true>{dim, row_bytes});
     default:
-      return f(Int4RotatedFmt{dim, row_bytes});
+      return f(Int4RotatedFmt{dim, row_bytes, Int4InvSqrtDim(dim)});
   }
 }
 
@@ -226,6 +265,24 @@ void VllmHadamard(float* x, int64_t dim) {
       }
     }
   }
+}
+
+std::vector<float> VllmRotationMatrix(int64_t dim) {
+  // Column j of H D is the butterfly of D e_j; M = H D / sqrt(d).
+  const std::vector<float> signs = VllmRhtSigns(dim);
+  const double inv_sqrt = 1.0 / std::sqrt(static_cast<double>(dim));
+  std::vector<float> m(static_cast<size_t>(dim * dim));
+  std::vector<float> column(static_cast<size_t>(dim));
+  for (int64_t j = 0; j < dim; ++j) {
+    std::fill(column.begin(), column.end(), 0.0f);
+    column[static_cast<size_t>(j)] = signs[static_cast<size_t>(j)];
+    VllmHadamard(column.data(), dim);
+    for (int64_t i = 0; i < dim; ++i) {
+      m[static_cast<size_t>(i * dim + j)] =
+          static_cast<float>(column[static_cast<size_t>(i)] * inv_sqrt);
+    }
+  }
+  return m;
 }
 
 namespace {
@@ -289,7 +346,7 @@ class VllmCodec final : public KvCodec {
         kind_(kind),
         calibrated_(calibrated),
         path_(head_dim % 16 == 0 ? path : CodecPath::kReference) {
-    if (kind_ == VllmKind::kInt4) signs_ = VllmRhtSigns(head_dim);
+    if (kind_ == VllmKind::kInt4) rotation_ = VllmRotationMatrix(head_dim);
   }
 
   std::string FormatName() const override {
@@ -352,11 +409,12 @@ class VllmCodec final : public KvCodec {
         case VllmKind::kFp8TokenHead:
           EncodeTokenHead(kind_ == VllmKind::kFp8TokenHead, xr, head_dim_, row);
           break;
-        case VllmKind::kInt4:
-          for (int64_t i = 0; i < head_dim_; ++i) y[i] = xr[i] * signs_[static_cast<size_t>(i)];
-          VllmHadamard(y, head_dim_);
+        case VllmKind::kInt4: {  // xr = M x (the cache rotated it): y = sqrt(d) M x = H D x
+          const auto sqrt_dim = static_cast<float>(std::sqrt(static_cast<double>(head_dim_)));
+          for (int64_t i = 0; i < head_dim_; ++i) y[i] = xr[i] * sqrt_dim;
           EncodeInt4(y, head_dim_, row);
           break;
+        }
       }
     }
   }
@@ -369,21 +427,8 @@ class VllmCodec final : public KvCodec {
     for (int64_t t = 0; t < n; ++t) DecodeRowRef(rows + t * RowBytes(), x + t * head_dim_);
   }
 
-  size_t PreparedQueryBytes(int64_t group) const override {
-    return Rotated() ? sizeof(float) * static_cast<size_t>(group * head_dim_) : 0;
-  }
-  // int4: q' = H (D q) / d, so q' . y^ = q . x^ (the stored y is H D x).
-  void PrepareQuery(const float* q, int64_t group, uint8_t* prepared) const override {
-    if (!Rotated()) return;
-    float* out = reinterpret_cast<float*>(prepared);
-    const float inv_d = 1.0f / static_cast<float>(head_dim_);
-    for (int64_t h = 0; h < group; ++h) {
-      float* o = out + h * head_dim_;
-      for (int64_t i = 0; i < head_dim_; ++i)
-        o[i] = q[h * head_dim_ + i] * signs_[static_cast<size_t>(i)];
-      VllmHadamard(o, head_dim_);
-      for (int64_t i = 0; i < head_dim_; ++i) o[i] *= inv_d;
-    }
+  const float* RotationMatrix() const override {
+    return rotation_.empty() ? nullptr : rotation_.data();
   }
 
   void Scores(const uint8_t* rows, int64_t n, const float* q, int64_t group, float scale,
@@ -391,18 +436,8 @@ class VllmCodec final : public KvCodec {
     if (path_ == CodecPath::kReference) {
       return ScoresByDecoding(*this, rows, n, q, group, scale, scores, stride);
     }
-    if (!Rotated()) return ScoresPrepared(rows, n, q, nullptr, group, scale, scores, stride);
-    std::vector<uint8_t> prepared(PreparedQueryBytes(group));
-    PrepareQuery(q, group, prepared.data());
-    ScoresPrepared(rows, n, q, prepared.data(), group, scale, scores, stride);
-  }
-
-  void ScoresPrepared(const uint8_t* rows, int64_t n, const float* q, const uint8_t* prepared,
-                      int64_t group, float scale, float* scores, int64_t stride) const override {
-    if (path_ == CodecPath::kReference) return Scores(rows, n, q, group, scale, scores, stride);
-    const float* query = Rotated() ? reinterpret_cast<const float*>(prepared) : q;
     HWY_DYNAMIC_DISPATCH(VllmScoresImpl)
-    (static_cast<int>(kind_), head_dim_, RowBytes(), scale_, rows, n, query, group, scale, scores,
+    (static_cast<int>(kind_), head_dim_, RowBytes(), scale_, rows, n, q, group, scale, scores,
      stride);
   }
 
@@ -411,39 +446,17 @@ class VllmCodec final : public KvCodec {
     if (path_ == CodecPath::kReference) {
       return AccumulateVByDecoding(*this, rows, n, p, group, stride, acc);
     }
-    if (!Rotated()) {
-      return HWY_DYNAMIC_DISPATCH(VllmAccumulateImpl)(
-          static_cast<int>(kind_), head_dim_, RowBytes(), scale_, rows, n, p, group, stride, acc);
-    }
-    // Sum p * y^ in the rotated domain, then map back once: acc += D H sum / d.
-    constexpr int64_t kHeads = 8;
-    alignas(64) float domain[kHeads * kMaxCodecHeadDim];  // [heads, head_dim]
-    const float inv_d = 1.0f / static_cast<float>(head_dim_);
-    for (int64_t h0 = 0; h0 < group; h0 += kHeads) {
-      const int64_t heads = std::min(kHeads, group - h0);
-      std::fill(domain, domain + heads * head_dim_, 0.0f);
-      HWY_DYNAMIC_DISPATCH(VllmAccumulateImpl)
-      (static_cast<int>(kind_), head_dim_, RowBytes(), scale_, rows, n, p + h0 * stride, heads,
-       stride, domain);
-      for (int64_t h = 0; h < heads; ++h) {
-        float* dh = domain + h * head_dim_;
-        VllmHadamard(dh, head_dim_);
-        float* ah = acc + (h0 + h) * head_dim_;
-        for (int64_t i = 0; i < head_dim_; ++i)
-          ah[i] += dh[i] * signs_[static_cast<size_t>(i)] * inv_d;
-      }
-    }
+    HWY_DYNAMIC_DISPATCH(VllmAccumulateImpl)
+    (static_cast<int>(kind_), head_dim_, RowBytes(), scale_, rows, n, p, group, stride, acc);
   }
 
  private:
   bool IsTensor() const {
     return kind_ == VllmKind::kFp8E4M3Tensor || kind_ == VllmKind::kFp8E5M2Tensor;
   }
-  bool Rotated() const { return kind_ == VllmKind::kInt4 && path_ == CodecPath::kSimd; }
   const Fp8Format& Fp8() const { return kind_ == VllmKind::kFp8E5M2Tensor ? kE5M2 : kE4M3; }
 
-  // The scalar twin: each element decoded as its format defines it; int4's
-  // inverse rotation in double.
+  // The scalar twin: each element decoded as its format defines it.
   void DecodeRowRef(const uint8_t* row, float* x) const {
     const int64_t d = head_dim_;
     switch (kind_) {
@@ -463,26 +476,12 @@ class VllmCodec final : public KvCodec {
         }
         return;
       }
-      case VllmKind::kInt4: {
-        uint32_t bits;
-        std::memcpy(&bits, row + d / 2, sizeof bits);
-        float scale_bits;
-        const uint32_t truncated = bits & ~0xFu;
-        std::memcpy(&scale_bits, &truncated, sizeof scale_bits);
-        const float zp = static_cast<float>(bits & 0xFu);
-        std::vector<double> y(static_cast<size_t>(d));
+      case VllmKind::kInt4: {  // in the rotated domain (the cache maps back)
+        const Int4Params p = Int4RowParams(row, d, Int4InvSqrtDim(d));
         for (int64_t i = 0; i < d; ++i) {
           const uint8_t b = row[i >> 1];
-          const float u = static_cast<float>((i & 1) != 0 ? b >> 4 : b & 0xF);
-          y[static_cast<size_t>(i)] = (u - zp) * scale_bits;
-        }
-        for (int64_t i = 0; i < d; ++i) {  // x = D H y / d, H[i][j] = (-1)^popcount(i & j)
-          double sum = 0.0;
-          for (int64_t j = 0; j < d; ++j) {
-            sum += (__builtin_popcountll(static_cast<uint64_t>(i & j)) & 1 ? -1.0 : 1.0) *
-                   y[static_cast<size_t>(j)];
-          }
-          x[i] = static_cast<float>(sum * signs_[static_cast<size_t>(i)] / static_cast<double>(d));
+          const auto u = static_cast<float>((i & 1) != 0 ? b >> 4 : b & 0xF);
+          x[i] = (u - p.zero_point) * p.scale;
         }
         return;
       }
@@ -498,7 +497,7 @@ class VllmCodec final : public KvCodec {
   bool calibrated_;
   CodecPath path_;
   float scale_ = 1.0f;        // per-tensor fp8: stored value = x / scale_
-  std::vector<float> signs_;  // int4: D's diagonal
+  std::vector<float> rotation_;  // int4: M = H D / sqrt(d), [d, d] row-major
 };
 
 struct VllmName {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "hwy/highway.h"
+#include "hwy/tests/hwy_gtest.h"
 #include "kv/codec_formats.h"
 #include "kv/codec_registry.h"
 #include "kv/kv_calibration.h"
@@ -162,28 +164,49 @@ TEST(VllmInt4PerTokenHead, LayoutBoundAndRefusals) {
   auto codec = MustParse("int4_per_token_head", dim, CodecPath::kReference);
   ASSERT_NE(codec, nullptr);
   EXPECT_EQ(codec->RowBytes(), 32u + 4u);
+  // The rotation is the cache's (KvCodec::RotationMatrix): M = H D / sqrt(d),
+  // orthonormal, and sqrt(d) M x is the butterfly's H D x.
+  const float* m = codec->RotationMatrix();
+  ASSERT_NE(m, nullptr);
+  for (int64_t i = 0; i < dim; ++i) {
+    for (int64_t j = 0; j < dim; ++j) {
+      double dot = 0;
+      for (int64_t k = 0; k < dim; ++k) dot += double{m[i * dim + k]} * m[j * dim + k];
+      ASSERT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-6) << i << " " << j;
+    }
+  }
+  const auto signs = codec::VllmRhtSigns(dim);
   std::mt19937 rng(3);
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<float> x = Normal(dim, rng, trial % 2 ? 0.01f : 30.0f);
+    std::vector<float> z(dim), y(dim);  // z = M x (what the cache stores), y = H D x
+    for (int64_t i = 0; i < dim; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < dim; ++j) sum += double{m[i * dim + j]} * x[j];
+      z[i] = static_cast<float>(sum);
+      y[i] = x[i] * signs[i];
+    }
+    codec::VllmHadamard(y.data(), dim);
+    float norm = 0;
+    for (float v : y) norm = std::max(norm, std::fabs(v));
+    for (int64_t i = 0; i < dim; ++i) ASSERT_NEAR(z[i] * 8.0f, y[i], 1e-5f * norm) << i;
     std::vector<uint8_t> row(codec->RowBytes());
-    codec->Encode(x.data(), 1, row.data());
+    codec->Encode(z.data(), 1, row.data());
     // The rotated row's range bounds the error: every rotated coordinate is
     // within one step s (rounding of the value and of the zero-point, and
-    // the clamp at the ends), so ||x - x^|| = ||e|| / sqrt(d) <= s.
-    const auto signs = codec::VllmRhtSigns(dim);
-    std::vector<float> y(dim);
-    for (int64_t i = 0; i < dim; ++i) y[i] = x[i] * signs[i];
-    codec::VllmHadamard(y.data(), dim);
+    // the clamp at the ends), so ||x - x^|| = ||z - z^|| = ||e|| / sqrt(d) <= s.
     const float lo = *std::min_element(y.begin(), y.end());
     const float hi = *std::max_element(y.begin(), y.end());
     const double step = (hi - lo) / 15.0;
     uint32_t bits;
     std::memcpy(&bits, row.data() + dim / 2, 4);
     const float zp = static_cast<float>(bits & 0xF);
+    // zp from the butterfly's row: the cache's y differs from it by rounding
+    // only, which moves -lo / s by far less than the distance to a tie here.
     EXPECT_EQ(zp, std::clamp(std::round(-lo / static_cast<float>(step)), 0.0f, 15.0f)) << trial;
-    const auto back = RoundTrip(*codec, x);
+    const auto back = RoundTrip(*codec, z);
     double err = 0;
-    for (int64_t i = 0; i < dim; ++i) err += (back[i] - x[i]) * (back[i] - x[i]);
+    for (int64_t i = 0; i < dim; ++i) err += (back[i] - z[i]) * (back[i] - z[i]);
     EXPECT_LE(std::sqrt(err), step * (1 + 1e-4)) << trial;
   }
   for (int64_t bad : {96, 48, 6}) {
@@ -193,9 +216,13 @@ TEST(VllmInt4PerTokenHead, LayoutBoundAndRefusals) {
   }
 }
 
+class VllmSimdTest : public hwy::TestWithParamTarget {};
+HWY_TARGET_INSTANTIATE_TEST_SUITE_P(VllmSimdTest);
+
 // SIMD against the scalar twin with more query heads than one pass holds
-// (the int4 path accumulates in the rotated domain in chunks of 8 heads).
-TEST(VllmCodecs, SimdKernelsMatchTheScalarTwin) {
+// (the int4 path accumulates in the rotated domain in chunks of 8 heads),
+// on every SIMD target (int4's nibbles are unpacked per vector width).
+TEST_P(VllmSimdTest, KernelsMatchTheScalarTwin) {
   std::mt19937 rng(5);
   for (const char* name : {"int8_per_token_head", "fp8_per_token_head", "int4_per_token_head",
                            "fp8_e4m3-t1", "fp8_e5m2-t1"}) {

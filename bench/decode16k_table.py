@@ -5,7 +5,8 @@ the same run, the read probe interleaved in every iteration).
 
   bench/decode16k_table.py render DIR     markdown of DIR/*.json
   bench/decode16k_table.py embed DOC DIR  DOC's <!-- decode16k begin/end --> := render DIR
-  bench/decode16k_table.py check DOC DIR  the block equals render DIR (quality_doc_test's twin)
+  bench/decode16k_table.py check DOC DIR  the block equals render DIR (decode16k_doc_test)
+  bench/decode16k_table.py --self-test DIR  check fails on a changed figure
 
 "vs f16" is f16's time / the codec's time in the same run (above 1: faster).
 """
@@ -14,6 +15,8 @@ import json
 import os
 import re
 import sys
+
+import doc_blocks
 
 
 def rows_of(path):
@@ -56,29 +59,22 @@ def render(d):
     return "\n".join(lines)
 
 
-def block(text):
-    return re.search(r"<!-- decode16k begin -->\n(.*?)<!-- decode16k end -->", text, re.S)
-
-
 def main(argv):
     if argv[:1] == ["render"]:
         sys.stdout.write(render(argv[1]))
-    elif argv[:1] == ["embed"]:
-        text = open(argv[1]).read()
-        m = block(text)
-        if not m:
-            sys.exit(f"decode16k_table: {argv[1]} has no <!-- decode16k begin/end --> block")
-        open(argv[1], "w").write(text[:m.start(1)] + render(argv[2]) + text[m.end(1):])
-    elif argv[:1] == ["check"]:
-        m = block(open(argv[1]).read())
-        if not m or m.group(1) != render(argv[2]):
-            print(f"decode16k_table: {argv[1]}: the decode16k block is missing or stale; regenerate "
-                  f"with bench/decode16k_table.py embed {argv[1]} {argv[2]}")
-            return 1
-        print("decode16k_table: the decode16k block matches its JSON files")
-    else:
-        sys.exit(__doc__)
-    return 0
+        return 0
+    if len(argv) == 3 and argv[0] in ("embed", "check"):
+        doc, d = argv[1], argv[2]
+        if argv[0] == "embed":
+            doc_blocks.embed("decode16k_table", doc, "decode16k", "", render(d))
+            return 0
+        return doc_blocks.check("decode16k_table", doc, ["decode16k"], lambda kind, name: render(d),
+                                lambda kind, name: f"bench/decode16k_table.py embed {doc} {d}",
+                                require_one=True)
+    if len(argv) == 2 and argv[0] == "--self-test":
+        return doc_blocks.self_test("decode16k_table", "decode16k", "",
+                                    lambda kind, name: render(argv[1]), r"\| (\d+\.\d\d) \|")
+    sys.exit(__doc__)
 
 
 if __name__ == "__main__":

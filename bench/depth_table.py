@@ -25,7 +25,8 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
+
+import doc_blocks
 
 
 def table(out, probe, model, pairs):
@@ -92,35 +93,25 @@ def render_block(kind, path):
     return {"serve": render_serve, "prefix": render_prefix}.get(kind, render)(path)
 
 
-def blocks(text):
-    return re.finditer(r"<!-- (depth|serve|prefix):(\S+) begin -->\n(.*?)<!-- \1:\2 end -->", text, re.S)
+KINDS = ("depth", "serve", "prefix")
+
+
+def render_named(root):
+    return lambda kind, name: render_block(kind, os.path.join(root, name))
+
+
+def hint(doc, root):
+    return lambda kind, name: (f"bench/depth_table.py embed {doc} {root} "
+                               f"{name if kind == 'depth' else kind + ':' + name}")
 
 
 def embed(doc, root, name):
     kind, name = name.split(":", 1) if ":" in name else ("depth", name)
-    text = open(doc).read()
-    begin, end = f"<!-- {kind}:{name} begin -->\n", f"<!-- {kind}:{name} end -->"
-    i, j = text.find(begin), text.find(end)
-    if i < 0 or j < i:
-        sys.exit(f"depth_table: {doc} has no {begin.strip()} ... {end} block")
-    with open(doc, "w") as f:
-        f.write(text[:i + len(begin)] + render_block(kind, os.path.join(root, name)) + text[j:])
+    doc_blocks.embed("depth_table", doc, kind, name, render_block(kind, os.path.join(root, name)))
 
 
 def check(doc, root):
-    text = open(doc).read()
-    found = 0
-    for m in blocks(text):
-        found += 1
-        kind, name = m.group(1), m.group(2)
-        want = render_block(kind, os.path.join(root, name))
-        if m.group(3) != want:
-            spelled = name if kind == "depth" else f"{kind}:{name}"
-            print(f"depth_table: {doc}: block {kind}:{name} is stale; regenerate with\n"
-                  f"  bench/depth_table.py embed {doc} {root} {spelled}")
-            return 1
-    print(f"depth_table: {found} generated blocks of {doc} match their data")
-    return 0
+    return doc_blocks.check("depth_table", doc, KINDS, render_named(root), hint(doc, root))
 
 
 def self_test(root):
@@ -128,20 +119,8 @@ def self_test(root):
     runs = [d for d in sorted(os.listdir(root)) if os.path.exists(os.path.join(root, d, "run.json"))]
     if not runs:
         sys.exit(f"depth_table: no runs under {root}")
-    with tempfile.TemporaryDirectory() as tmp:
-        doc = os.path.join(tmp, "doc.md")
-        with open(doc, "w") as f:
-            f.write(f"x\n<!-- depth:{runs[0]} begin -->\n<!-- depth:{runs[0]} end -->\n")
-        embed(doc, root, runs[0])
-        if check(doc, root) != 0:
-            sys.exit("depth_table self-test: a freshly embedded block does not check")
-        stale = re.sub(r"\| (\d+\.\d\d) \|", lambda m: f"| {float(m.group(1)) + 1:.2f} |",
-                       open(doc).read(), count=1)
-        open(doc, "w").write(stale)
-        if check(doc, root) == 0:
-            sys.exit("depth_table self-test: a changed figure was not caught")
-    print("depth_table self-test: ok")
-    return 0
+    return doc_blocks.self_test("depth_table", "depth", runs[0], render_named(root),
+                                r"\| (\d+\.\d\d) \|")
 
 
 def main(argv):

@@ -15,6 +15,8 @@ import os
 import re
 import sys
 
+import doc_blocks
+
 # ggml's block layouts (ggml-common.h): bytes per block of 32 values, scales
 # (and mins) included. llama.cpp's Hadamard rotation is a constant matrix and
 # adds nothing per token. Checked against the K/V MiB the log prints.
@@ -322,13 +324,7 @@ def render(path):
 
 def embed(doc, name, md):
     """Replaces the block between <!-- peers:NAME begin/end --> in doc with md."""
-    text = open(doc).read()
-    begin, end = f"<!-- peers:{name} begin -->\n", f"<!-- peers:{name} end -->"
-    i, j = text.find(begin), text.find(end)
-    if i < 0 or j < i:
-        sys.exit(f"peers_table: {doc} has no {begin.strip()} ... {end} block")
-    with open(doc, "w") as f:
-        f.write(text[:i + len(begin)] + open(md).read() + text[j:])
+    doc_blocks.embed("peers_table", doc, "peers", name, open(md).read())
 
 
 def main():

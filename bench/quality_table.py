@@ -18,7 +18,8 @@ import json
 import os
 import re
 import sys
-import tempfile
+
+import doc_blocks
 
 # (name, group, what). group "paper": a published setting reproduced by its
 # authors' numbers; "kvq": kvq's own schemes, the candidates for "kvq's best at
@@ -165,58 +166,28 @@ def types(d):
     return ",".join(out)
 
 
-def blocks(text):
-    return re.finditer(r"<!-- quality:(\S+) begin -->\n(.*?)<!-- quality:\1 end -->", text, re.S)
+def render_named(root):
+    return lambda kind, name: render(os.path.join(root, name))
 
 
 def embed(doc, root, name):
-    text = open(doc).read()
-    begin, end = f"<!-- quality:{name} begin -->\n", f"<!-- quality:{name} end -->"
-    i, j = text.find(begin), text.find(end)
-    if i < 0 or j < i:
-        sys.exit(f"quality_table: {doc} has no {begin.strip()} ... {end} block")
-    with open(doc, "w") as f:
-        f.write(text[:i + len(begin)] + render(os.path.join(root, name)) + text[j:])
+    doc_blocks.embed("quality_table", doc, "quality", name, render(os.path.join(root, name)))
 
 
 def check(doc, root):
-    text = open(doc).read()
-    found = 0
-    for m in blocks(text):
-        found += 1
-        if m.group(2) != render(os.path.join(root, m.group(1))):
-            print(f"quality_table: {doc}: block {m.group(1)} is stale; regenerate with\n"
-                  f"  bench/quality_table.py embed {doc} {root} {m.group(1)}")
-            return 1
-    if found == 0:
-        print(f"quality_table: {doc} has no quality blocks")
-        return 1
-    print(f"quality_table: {found} generated blocks of {doc} match their logs")
-    return 0
+    return doc_blocks.check("quality_table", doc, ["quality"], render_named(root),
+                            lambda kind, name: f"bench/quality_table.py embed {doc} {root} {name}",
+                            require_one=True)
 
 
 def self_test(root):
-    """check passes on a freshly embedded block and fails once a figure changes."""
+    """check passes on a freshly embedded block and fails once a KL figure changes."""
     runs = [d for d in sorted(os.listdir(root)) if os.path.exists(os.path.join(root, d, "plan.json"))
             and re.search(r"\| \d+\.\d+ ± ", render(os.path.join(root, d)))]
     if not runs:
         sys.exit(f"quality_table: no run with a KL row under {root}")
-    with tempfile.TemporaryDirectory() as tmp:
-        doc = os.path.join(tmp, "doc.md")
-        with open(doc, "w") as f:
-            f.write(f"x\n<!-- quality:{runs[0]} begin -->\n<!-- quality:{runs[0]} end -->\n")
-        embed(doc, root, runs[0])
-        if check(doc, root) != 0:
-            sys.exit("quality_table self-test: a freshly embedded block does not check")
-        text = open(doc).read()
-        stale = re.sub(r"\| (\d+\.\d+) ± ", lambda m: f"| {float(m.group(1)) * 1.5:.4g} ± ", text, count=1)
-        if stale == text:
-            sys.exit("quality_table self-test: no KL figure to change")
-        open(doc, "w").write(stale)
-        if check(doc, root) == 0:
-            sys.exit("quality_table self-test: a changed figure was not caught")
-    print("quality_table self-test: ok")
-    return 0
+    return doc_blocks.self_test("quality_table", "quality", runs[0], render_named(root),
+                                r"\| (\d+\.\d+) ± ")
 
 
 def main(argv):

@@ -187,9 +187,10 @@ struct Int4RotatedFmt {
     const hn::Repartition<uint32_t, decltype(d16)> d32;
     const hn::Rebind<uint8_t, decltype(d32)> d8;
     const auto b = hn::PromoteTo(d32, hn::LoadU(d8, row + i / 2));
-    const auto pairs = hn::Or(hn::And(b, hn::Set(d32, 0xFu)),
-                              hn::ShiftLeft<12>(hn::And(b, hn::Set(d32, 0xF0u))));
-    const VI u = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DI>(), hn::BitCast(d16, pairs)));
+    const auto pairs =
+        hn::Or(hn::And(b, hn::Set(d32, 0xFu)), hn::ShiftLeft<12>(hn::And(b, hn::Set(d32, 0xF0u))));
+    const VI u =
+        hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DI>(), hn::BitCast(d16, pairs)));
 #endif
     return hn::Mul(hn::Sub(hn::ConvertTo(d, u), zp), scale);
   }
@@ -496,7 +497,7 @@ class VllmCodec final : public KvCodec {
   VllmKind kind_;
   bool calibrated_;
   CodecPath path_;
-  float scale_ = 1.0f;        // per-tensor fp8: stored value = x / scale_
+  float scale_ = 1.0f;           // per-tensor fp8: stored value = x / scale_
   std::vector<float> rotation_;  // int4: M = H D / sqrt(d), [d, d] row-major
 };
 

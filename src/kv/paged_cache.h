@@ -138,8 +138,24 @@ class PagedKvCache final : public KvCache {
   const KvStaging& StagingOf(const Sequence& s, int64_t layer, bool is_v) const;
   // Charges the staging blocks of a new sequence (or errors, changing nothing).
   Status ChargeStaging(Sequence& s);
+  // One Attend's work: query tiles x KV heads x split-K parts, each a task.
+  struct AttendPlan {
+    int64_t n = 0, total = 0;  // queries; tokens the layer holds
+    int64_t tile_queries = 0, num_tiles = 0;
+    int64_t base_tasks = 0, splits = 1, num_tasks = 0;  // base = tiles x KV heads
+    int64_t max_rows = 0;                               // query rows of a task, at most
+    int64_t chunk_blocks = 0, chunk = 0;                // blocks / tokens per softmax step
+  };
+  struct ThreadScratch;
+  AttendPlan PlanAttend(const Sequence& s, int64_t layer, int64_t n) const;
   void AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q, float scale,
                    float* out) const;
+  // One task: its rows' attention, written to out (no splits) or to the
+  // split-K partials.
+  void AttendTask(const Sequence& s, int64_t layer, const AttendPlan& plan, int64_t task,
+                  const float* q, float scale, ThreadScratch& ts, float* out) const;
+  // out := the exact merge of the split-K partials.
+  void MergeSplits(const AttendPlan& plan, float* out) const;
   // scores[r * stride + t - t0] for tokens [t0, t0 + count) of one block and
   // KV head, from wherever each token lives (block, sinks, ring).
   // prepared: q after the K codec's PrepareQuery (KvCodec::ScoresPrepared).

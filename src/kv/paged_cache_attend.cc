@@ -49,6 +49,25 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // threads become 6 equal parts (3 each) instead of 3 tasks, one thread
 // doing two of them while the other waits. Fewer than 2 * threads + base
 // tasks result (AllocateRunState sizes the partial buffers for that).
+// One softmax chunk of `count` tokens for every row of a task: row r (query
+// r / group of the tile) sees the chunk's tokens before visible + r / group;
+// the rest of its probabilities are zeroed, then the chunk is folded into
+// the row's running max, sum and accumulator.
+void SoftmaxChunk(int64_t rows, int64_t group, int64_t count, int64_t visible, float* probs,
+                  int64_t stride, float* row_max, float* row_sum, float* acc, int64_t dim) {
+  const bool masked = count > visible;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = &probs[r * stride];
+    int64_t valid = count;
+    if (masked) {
+      valid = std::clamp<int64_t>(visible + r / group, 0, count);
+      std::fill(p + valid, p + count, 0.0f);
+      if (valid == 0) continue;
+    }
+    OnlineSoftmaxStep(p, valid, &row_max[r], &row_sum[r], &acc[r * dim], dim);
+  }
+}
+
 int64_t SplitsFor(int64_t base_tasks, int64_t threads, int64_t tokens) {
   if (threads <= 1 || base_tasks >= 2 * threads || base_tasks % threads == 0) return 1;
   int64_t splits = 1;
@@ -106,113 +125,124 @@ Status PagedKvCache::AllocateRunState() {
   return Status::Ok();
 }
 
+PagedKvCache::AttendPlan PagedKvCache::PlanAttend(const Sequence& s, int64_t layer,
+                                                  int64_t n) const {
+  const int64_t group = shape_.num_heads / shape_.num_kv_heads, bt = layout_.block_tokens;
+  AttendPlan plan;
+  plan.n = n;
+  plan.total = s.lengths[static_cast<size_t>(layer)];
+  plan.tile_queries = std::clamp<int64_t>(kTargetRows / group, 1, n);
+  plan.num_tiles = (n + plan.tile_queries - 1) / plan.tile_queries;
+  plan.base_tasks = plan.num_tiles * shape_.num_kv_heads;
+  plan.splits = SplitsFor(plan.base_tasks, num_threads_, plan.total);
+  plan.num_tasks = plan.base_tasks * plan.splits;
+  plan.max_rows = plan.tile_queries * group;
+  plan.chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);
+  plan.chunk = plan.chunk_blocks * bt;
+  return plan;
+}
+
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,
                                float scale, float* out) const {
-  const int64_t dim = shape_.head_dim, heads = shape_.num_heads, kv_heads = shape_.num_kv_heads;
-  const int64_t group = heads / kv_heads, bt = layout_.block_tokens;
-  const int64_t total = s.lengths[static_cast<size_t>(layer)];
-  const int64_t tile_queries = std::clamp<int64_t>(kTargetRows / group, 1, n);
-  const int64_t num_tiles = (n + tile_queries - 1) / tile_queries;
-  const int64_t base_tasks = num_tiles * kv_heads;
-  const int64_t splits = SplitsFor(base_tasks, num_threads_, total);
-  const int64_t num_tasks = base_tasks * splits;
-  const int64_t max_rows = tile_queries * group;
-  const int64_t chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);
-  const int64_t chunk = chunk_blocks * bt;  // tokens per softmax step
-  // Split-K partial results, merged below: running max, sum and unnormalized
-  // accumulator per task and row (buffers sized in AllocateRunState: fewer
-  // than 4 * threads tasks when there are splits).
-  float* part_max = part_max_.data();  // [tasks, max_rows]
-  float* part_sum = part_sum_.data();  // [tasks, max_rows]
-  float* part_acc = part_acc_.data();  // [tasks, max_rows, dim]
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads_, num_tasks));
-
+  const AttendPlan plan = PlanAttend(s, layer, n);
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads_, plan.num_tasks));
 #pragma omp parallel num_threads(threads)
   {
     ThreadScratch& ts = thread_scratch_[static_cast<size_t>(omp_get_thread_num())];
-    float* q_rows = ts.q_rows.data();    // [rows, dim]
-    float* probs = ts.probs.data();      // [rows, chunk]
-    float* acc = ts.acc.data();          // [rows, dim]
-    float* row_max = ts.row_max.data();  // [rows]
-    float* row_sum = ts.row_sum.data();  // [rows]
-    float* scratch = ts.block.data();
-    uint8_t* prepared = ts.prepared.data();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < num_tasks; ++task) {
-      const int64_t split = task % splits;
-      const int64_t g = (task / splits) % kv_heads;
-      // Later query tiles see more tokens: hand them out first.
-      const int64_t tile = num_tiles - 1 - task / (splits * kv_heads);
-      const int64_t i0 = tile * tile_queries, i1 = std::min(n, i0 + tile_queries);
-      const int64_t rows = (i1 - i0) * group;
-      for (int64_t i = i0; i < i1; ++i) {
-        std::memcpy(&q_rows[(i - i0) * group * dim], q + (i * heads + g * group) * dim,
-                    group * dim * sizeof(float));
-      }
-      k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PrepareQuery(q_rows, rows, prepared);
-      // Query i sees tokens [0, total - n + i]; the tile's last query sees most.
-      const int64_t first_visible = total - n + i0 + 1;
-      const int64_t visible_end = total - n + i1;
-      const int64_t num_blocks = (visible_end + bt - 1) / bt;
-      const int64_t b0 = num_blocks * split / splits, b1 = num_blocks * (split + 1) / splits;
-      std::fill_n(row_max, rows, kNegInf);
-      std::fill_n(row_sum, rows, 0.0f);
-      std::fill_n(acc, rows * dim, 0.0f);
-      // A codec call reads the run of blocks [b, run_end(b, end)): up to a
-      // step of physically consecutive blocks when FusesBlocks, else one.
-      const bool fuse = FusesBlocks(layer, g);
-      const int64_t step = std::max<int64_t>(1, kStepTokens / bt);
-      const auto run_end = [&](int64_t b, int64_t end) {
-        return fuse ? RunEnd(s, b, std::min(end, b + step)) : b + 1;
-      };
-      int64_t k_ahead = b0, v_ahead = b0;  // first blocks whose K / V are not prefetched
-      for (; k_ahead < std::min(b1, b0 + step); ++k_ahead)
-        PrefetchTile(s, layer, g, k_ahead, false);
-      for (int64_t c0 = b0; c0 < b1; c0 += chunk_blocks) {
-        const int64_t c1 = std::min(b1, c0 + chunk_blocks);
-        const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
-        for (int64_t b = c0; b < c1;) {
-          const int64_t e = run_end(b, c1), t0 = b * bt;
-          for (; k_ahead < std::min(b1, e + step); ++k_ahead)
-            PrefetchTile(s, layer, g, k_ahead, false);
-          for (; v_ahead < e; ++v_ahead) PrefetchTile(s, layer, g, v_ahead, true);
-          BlockScores(s, layer, g, t0, std::min(e * bt, visible_end) - t0, q_rows, prepared, rows,
-                      scale, &probs[t0 - t_begin], chunk, scratch);
-          b = e;
-        }
-        const bool masked = t_begin + count > first_visible;
-        for (int64_t r = 0; r < rows; ++r) {
-          float* p = &probs[r * chunk];
-          int64_t valid = count;
-          if (masked) {
-            valid = std::clamp<int64_t>(first_visible + r / group - t_begin, 0, count);
-            std::fill(p + valid, p + count, 0.0f);
-            if (valid == 0) continue;
-          }
-          OnlineSoftmaxStep(p, valid, &row_max[r], &row_sum[r], &acc[r * dim], dim);
-        }
-        for (int64_t b = c0; b < c1;) {
-          const int64_t e = run_end(b, c1), t0 = b * bt;
-          BlockAccumulateV(s, layer, g, t0, std::min(e * bt, visible_end) - t0,
-                           &probs[t0 - t_begin], rows, chunk, acc, scratch);
-          b = e;
-        }
-      }
-      if (splits == 1) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r / group, h = g * group + r % group;
-          const float inv = 1.0f / row_sum[r];
-          float* o = out + (i * heads + h) * dim;
-          for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
-        }
-      } else {
-        std::copy_n(row_max, rows, part_max + task * max_rows);
-        std::copy_n(row_sum, rows, part_sum + task * max_rows);
-        std::copy_n(acc, rows * dim, part_acc + task * max_rows * dim);
-      }
+    for (int64_t task = 0; task < plan.num_tasks; ++task) {
+      AttendTask(s, layer, plan, task, q, scale, ts, out);
     }
   }
-  if (splits == 1) return;
+  if (plan.splits > 1) MergeSplits(plan, out);
+}
+
+void PagedKvCache::AttendTask(const Sequence& s, int64_t layer, const AttendPlan& plan,
+                              int64_t task, const float* q, float scale, ThreadScratch& ts,
+                              float* out) const {
+  const int64_t dim = shape_.head_dim, heads = shape_.num_heads, kv_heads = shape_.num_kv_heads;
+  const int64_t group = heads / kv_heads, bt = layout_.block_tokens;
+  const int64_t n = plan.n, splits = plan.splits, chunk = plan.chunk;
+  float* q_rows = ts.q_rows.data();    // [rows, dim]
+  float* probs = ts.probs.data();      // [rows, chunk]
+  float* acc = ts.acc.data();          // [rows, dim]
+  float* row_max = ts.row_max.data();  // [rows]
+  float* row_sum = ts.row_sum.data();  // [rows]
+  float* scratch = ts.block.data();
+  uint8_t* prepared = ts.prepared.data();
+  const int64_t split = task % splits;
+  const int64_t g = (task / splits) % kv_heads;
+  // Later query tiles see more tokens: hand them out first.
+  const int64_t tile = plan.num_tiles - 1 - task / (splits * kv_heads);
+  const int64_t i0 = tile * plan.tile_queries, i1 = std::min(n, i0 + plan.tile_queries);
+  const int64_t rows = (i1 - i0) * group;
+  for (int64_t i = i0; i < i1; ++i) {
+    std::memcpy(&q_rows[(i - i0) * group * dim], q + (i * heads + g * group) * dim,
+                group * dim * sizeof(float));
+  }
+  k_codecs_[static_cast<size_t>(layer * kv_heads + g)]->PrepareQuery(q_rows, rows, prepared);
+  // Query i sees tokens [0, total - n + i]; the tile's last query sees most.
+  const int64_t first_visible = plan.total - n + i0 + 1;
+  const int64_t visible_end = plan.total - n + i1;
+  const int64_t num_blocks = (visible_end + bt - 1) / bt;
+  const int64_t b0 = num_blocks * split / splits, b1 = num_blocks * (split + 1) / splits;
+  std::fill_n(row_max, rows, kNegInf);
+  std::fill_n(row_sum, rows, 0.0f);
+  std::fill_n(acc, rows * dim, 0.0f);
+  // A codec call reads the run of blocks [b, run_end(b, end)): up to a
+  // step of physically consecutive blocks when FusesBlocks, else one.
+  const bool fuse = FusesBlocks(layer, g);
+  const int64_t step = std::max<int64_t>(1, kStepTokens / bt);
+  const auto run_end = [&](int64_t b, int64_t end) {
+    return fuse ? RunEnd(s, b, std::min(end, b + step)) : b + 1;
+  };
+  int64_t k_ahead = b0, v_ahead = b0;  // first blocks whose K / V are not prefetched
+  for (; k_ahead < std::min(b1, b0 + step); ++k_ahead) PrefetchTile(s, layer, g, k_ahead, false);
+  for (int64_t c0 = b0; c0 < b1; c0 += plan.chunk_blocks) {
+    const int64_t c1 = std::min(b1, c0 + plan.chunk_blocks);
+    const int64_t t_begin = c0 * bt, count = std::min(c1 * bt, visible_end) - t_begin;
+    for (int64_t b = c0; b < c1;) {
+      const int64_t e = run_end(b, c1), t0 = b * bt;
+      for (; k_ahead < std::min(b1, e + step); ++k_ahead) PrefetchTile(s, layer, g, k_ahead, false);
+      for (; v_ahead < e; ++v_ahead) PrefetchTile(s, layer, g, v_ahead, true);
+      BlockScores(s, layer, g, t0, std::min(e * bt, visible_end) - t0, q_rows, prepared, rows,
+                  scale, &probs[t0 - t_begin], chunk, scratch);
+      b = e;
+    }
+    SoftmaxChunk(rows, group, count, first_visible - t_begin, probs, chunk, row_max, row_sum, acc,
+                 dim);
+    for (int64_t b = c0; b < c1;) {
+      const int64_t e = run_end(b, c1), t0 = b * bt;
+      BlockAccumulateV(s, layer, g, t0, std::min(e * bt, visible_end) - t0, &probs[t0 - t_begin],
+                       rows, chunk, acc, scratch);
+      b = e;
+    }
+  }
+  if (splits == 1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r / group, h = g * group + r % group;
+      const float inv = 1.0f / row_sum[r];
+      float* o = out + (i * heads + h) * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
+    }
+    return;
+  }
+  // Split-K partials, merged by MergeSplits (buffers sized in
+  // AllocateRunState: fewer than 4 * threads tasks when there are splits).
+  const int64_t max_rows = plan.max_rows;
+  std::copy_n(row_max, rows, part_max_.data() + task * max_rows);
+  std::copy_n(row_sum, rows, part_sum_.data() + task * max_rows);
+  std::copy_n(acc, rows * dim, part_acc_.data() + task * max_rows * dim);
+}
+
+void PagedKvCache::MergeSplits(const AttendPlan& plan, float* out) const {
+  const int64_t dim = shape_.head_dim, heads = shape_.num_heads, kv_heads = shape_.num_kv_heads;
+  const int64_t group = heads / kv_heads, n = plan.n, splits = plan.splits;
+  const int64_t tile_queries = plan.tile_queries, num_tiles = plan.num_tiles;
+  const int64_t base_tasks = plan.base_tasks, max_rows = plan.max_rows;
+  const float* part_max = part_max_.data();  // [tasks, max_rows]
+  const float* part_sum = part_sum_.data();  // [tasks, max_rows]
+  const float* part_acc = part_acc_.data();  // [tasks, max_rows, dim]
   // Exact merge of the split-K parts: with M = max_s m_s, the full softmax
   // sum is sum_s l_s e^(m_s - M) and the output sum_s acc_s e^(m_s - M) / sum.
   for (int64_t base = 0; base < base_tasks; ++base) {

@@ -7,8 +7,9 @@ docs/findings.md mixes prose with blocks the prose may not edit by hand:
     ...tables made from docs/study/SmolLM2-135M-Instruct.Q4_1/study.json...
     <!-- end generated -->
 
-Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M` (one
-model's study; context_kl also from M/context_kl.json beside its study.json),
+Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M`,
+`needle M`, `gsm8k M` (one model's study; the last three also from
+M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
 and `compare` (every shipped model side by side). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when the prose quotes a decimal number (3.14, 2.5x, 96.3%) that no
@@ -129,9 +130,9 @@ def render_e2e(study):
 
 
 def render_compare(studies):
-    names = list(studies)
+    names = [n for n in studies if "schemes" in studies[n]]  # the models with a core study
     order = []
-    for study in studies.values():
+    for study in (studies[n] for n in names):
         for s in study["schemes"]:
             if s["name"] not in order:
                 order.append(s["name"])
@@ -162,18 +163,64 @@ def render_context_kl(study):
     return text + (f"\nBest 2-bit scheme at the longest length: `{best}`.\n" if best else "")
 
 
+def cell_rate(cells):
+    correct, trials = sum(c["correct"] for c in cells), sum(c["trials"] for c in cells)
+    return f"{pct(correct / trials)} ({correct}/{trials})" if trials else ""
+
+
+def render_needle(study):
+    if "needle" not in study:
+        raise KeyError("no needle section (kvq study --niah; needle.json)")
+    n = study["needle"]
+    f16 = next(s for s in n["schemes"] if s["name"] == "f16")
+    rows = [[t] + [cell_rate([c for c in f16["cells"] if c["task"] == t and c["context"] == ctx])
+                   for ctx in n["contexts"]] for t in n["tasks"]]
+    text = (f"f16, correct answers over {len(n['depths'])} depths x {n['trials']} trials per "
+            f"context (a pass needs {pct(n['f16_pass_rate'])}):\n\n" +
+            table(["task"] + [str(c) for c in n["contexts"]], rows) +
+            f"\n{n['statement']}.\n")
+    pairs = [(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]]
+    if pairs:
+        rows = [[f"`{s['name']}`"] +
+                [cell_rate([c for c in s["cells"] if (c["task"], c["context"]) == pair])
+                 for pair in pairs] for s in n["schemes"]]
+        text += ("\nEvery scheme where f16 passes:\n\n" +
+                 table(["scheme"] + [f"{t} @ {c}" for t, c in pairs], rows))
+    return text
+
+
+def render_gsm8k(study):
+    if "gsm8k" not in study:
+        raise KeyError("no gsm8k section (kvq study --gsm8k-problems; gsm8k.json)")
+    g = study["gsm8k"]
+    rows = [[f"`{s['name']}`", f"{s['correct']}/{s['problems']}", pct(s["accuracy"]),
+             f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
+             fmt(s["mean_generated_tokens"]), s["hit_token_limit"]] for s in g["schemes"]]
+    return (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
+            f"{'chat template' if g['chat'] else 'plain prompt'}:\n\n" +
+            table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
+                   "hit the limit"], rows))
+
+
 RENDERERS = {"run": render_run, "structure": render_structure, "claims": render_claims,
-             "e2e": render_e2e, "context_kl": render_context_kl}
+             "e2e": render_e2e, "context_kl": render_context_kl, "needle": render_needle,
+             "gsm8k": render_gsm8k}
+# Stages run on their own (kvq study --no-core ...) ship as SECTION.json beside
+# the model's study.json, or alone for a model without a core study.
+EXTRA_SECTIONS = ("context_kl", "needle", "gsm8k")
 
 
 def load_studies(study_dir):
     studies = {}
-    for path in sorted(pathlib.Path(study_dir).glob("*/study.json")):
-        studies[path.parent.name] = json.loads(path.read_text())
-        # A separate --no-core --context-kl run of the same model ships beside it.
-        extra = path.parent / "context_kl.json"
-        if extra.exists() and "context_kl" not in studies[path.parent.name]:
-            studies[path.parent.name]["context_kl"] = json.loads(extra.read_text())["context_kl"]
+    for folder in sorted(p for p in pathlib.Path(study_dir).iterdir() if p.is_dir()):
+        core = folder / "study.json"
+        study = json.loads(core.read_text()) if core.exists() else {}
+        for section in EXTRA_SECTIONS:
+            extra = folder / f"{section}.json"
+            if extra.exists() and section not in study:
+                study[section] = json.loads(extra.read_text())[section]
+        if study:
+            studies[folder.name] = study
     return studies
 
 
@@ -185,7 +232,7 @@ def render(doc, studies):
             body = render_compare(studies)
         elif kind in RENDERERS:
             if model not in studies:
-                raise KeyError(f"block '{kind} {model}': no {model}/study.json")
+                raise KeyError(f"block '{kind} {model}': no {model}/study.json or section JSON")
             body = RENDERERS[kind](studies[model])
         else:
             raise KeyError(f"unknown block kind '{kind}'")
@@ -207,7 +254,7 @@ def self_test(study_dir):
     """--check must fail on a stale block and on a prose figure no block holds."""
     import tempfile
     studies = load_studies(study_dir)
-    model = next(iter(studies))
+    model = next(n for n in studies if "schemes" in studies[n])
     good = render(f"<!-- generated: e2e {model} -->\n<!-- end generated -->\n", studies)
     cases = {"fresh": (good, 0), "stale": (good.replace("|", "| 0.123 |", 3), 1),
              "unbacked figure": (good + "The KL is 98.765.\n", 1)}

@@ -179,17 +179,17 @@ Status ValidateStudy(const LoadedModel& model, const std::vector<int32_t>& text_
 
 namespace {
 
-// A cache for the recall and reasoning stages: room for one prompt of
-// `max_tokens` twice over (the shared prefix and the fork that extends it).
-std::function<StatusOr<std::unique_ptr<KvCache>>()> CacheMaker(const LoadedModel& model,
-                                                               const SchemeSpec& spec,
-                                                               int64_t max_tokens, int threads,
-                                                               const std::string& calibration) {
+// A cache for the recall and reasoning stages: room for `sequences`
+// sequences of `max_tokens` each (by default 2: the shared prefix and the
+// fork that extends it).
+std::function<StatusOr<std::unique_ptr<KvCache>>()> CacheMaker(
+    const LoadedModel& model, const SchemeSpec& spec, int64_t max_tokens, int threads,
+    const std::string& calibration, int64_t sequences = 2) {
   const KvShape shape = model.transformer->kv_shape();
   return [=]() -> StatusOr<std::unique_ptr<KvCache>> {
     KvCacheOptions options = SchemeCacheOptions(spec, max_tokens, threads, calibration);
     KVQ_ASSIGN_OR_RETURN(KvTypePlan plan, PlanKvType(shape, options));
-    options.memory_bytes = static_cast<size_t>(2 * ExactKvBytes(plan.layout, 1, max_tokens));
+    options.memory_bytes = static_cast<size_t>(ExactKvBytes(plan.layout, sequences, max_tokens));
     return MakeKvCache(shape, options);
   };
 }
@@ -314,10 +314,16 @@ Status RunGsm8kStage(LoadedModel& model, const std::string& calibration, const S
                      const Report& report, Json& out) {
   KVQ_ASSIGN_OR_RETURN(std::vector<Gsm8kProblem> data,
                        LoadGsm8k(o.gsm8k.data_path, o.gsm8k.sha256sums_path));
+  // Room for every answer decoding at once (and the unused prefix slot) at
+  // the longest prompt plus the longest answer.
   const int64_t context = model.transformer->config().max_position_embeddings;
+  KVQ_ASSIGN_OR_RETURN(int64_t longest, Gsm8kLongestPrompt(model, data, o.gsm8k.options.problems,
+                                                           o.gsm8k.options.chat));
+  const int64_t per_answer = std::min(context, longest + o.gsm8k.options.max_new_tokens);
   std::vector<Gsm8kScheme> schemes;
   for (const SchemeSpec& spec : F16First(o.gsm8k.schemes)) {
-    schemes.push_back({spec.name, CacheMaker(model, spec, context, o.threads, calibration)});
+    schemes.push_back({spec.name, CacheMaker(model, spec, per_answer, o.threads, calibration,
+                                             o.gsm8k.options.batch + 1)});
   }
   KVQ_ASSIGN_OR_RETURN(out["gsm8k"],
                        RunGsm8kStudy(model, data, schemes, o.gsm8k.options, o.gsm8k.dir,

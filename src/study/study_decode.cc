@@ -1,6 +1,7 @@
 #include "study/study_decode.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "engine/sampler.h"
 
@@ -59,52 +60,130 @@ Status PrefixRunner::SetPrefix(const std::vector<int32_t>& prefix) {
   return Prefill(kPrefixSeq, prefix_.data(), static_cast<int64_t>(prefix_.size()), &logits);
 }
 
-StatusOr<std::string> PrefixRunner::Answer(const std::vector<int32_t>& prompt,
-                                           const GreedyStop& stop) {
+Status PrefixRunner::StartPrompt(SeqId seq, const std::vector<int32_t>& prompt,
+                                 std::vector<float>* logits) {
   if (prompt.size() <= prefix_.size() ||
       !std::equal(prefix_.begin(), prefix_.end(), prompt.begin())) {
     return Status::Error("internal: the prompt does not extend the shared prefix");
   }
   if (have_prefix_) {
-    KVQ_RETURN_IF_ERROR(cache_.Fork(kPrefixSeq, kPromptSeq));
+    KVQ_RETURN_IF_ERROR(cache_.Fork(kPrefixSeq, seq));
   } else {
-    KVQ_RETURN_IF_ERROR(cache_.AddSequence(kPromptSeq));
+    KVQ_RETURN_IF_ERROR(cache_.AddSequence(seq));
   }
-  struct Release {
-    KvCache& cache;
-    ~Release() { cache.ReleaseSequence(kPromptSeq); }
-  } release{cache_};
   const int64_t tail = static_cast<int64_t>(prompt.size() - prefix_.size());
-  if (cache_.Capacity(kPromptSeq) < tail) {
+  if (cache_.Capacity(seq) < tail) {
+    cache_.ReleaseSequence(seq);
     return Status::Error("a prompt of " + std::to_string(prompt.size()) +
                          " tokens does not fit the cache");
   }
   shared_ += static_cast<int64_t>(prefix_.size());
+  const Status prefilled = Prefill(seq, prompt.data() + prefix_.size(), tail, logits);
+  if (!prefilled.ok()) cache_.ReleaseSequence(seq);
+  return prefilled;
+}
+
+bool PrefixRunner::Step(SeqId seq, const float* logits, const GreedyStop& stop,
+                        std::vector<int32_t>* answer, GreedyResult* out) const {
+  if (stop.max_tokens <= 0) return true;
+  const int32_t next = ArgMax(logits, model_.transformer->config().vocab_size);
+  if (stop.stop_at_end_tokens &&
+      std::find(end_tokens_.begin(), end_tokens_.end(), next) != end_tokens_.end()) {
+    return true;
+  }
+  answer->push_back(next);
+  out->tokens = static_cast<int64_t>(answer->size());
+  out->text = model_.tokenizer->Decode(*answer, true);
+  if (stop.done && stop.done(out->text)) return true;
+  if (out->tokens == stop.max_tokens || cache_.Capacity(seq) < 1) {
+    out->hit_limit = true;
+    return true;
+  }
+  return false;
+}
+
+StatusOr<std::string> PrefixRunner::Answer(const std::vector<int32_t>& prompt,
+                                           const GreedyStop& stop) {
   std::vector<float> logits;  // [1, vocab] (only the last row is returned)
-  KVQ_RETURN_IF_ERROR(Prefill(kPromptSeq, prompt.data() + prefix_.size(), tail, &logits));
-  const int64_t vocab = model_.transformer->config().vocab_size;
+  KVQ_RETURN_IF_ERROR(StartPrompt(kPromptSeq, prompt, &logits));
+  struct Release {
+    KvCache& cache;
+    ~Release() { cache.ReleaseSequence(kPromptSeq); }
+  } release{cache_};
   std::vector<int32_t> answer;
-  std::string text;
-  last_hit_limit_ = false;
-  for (int i = 0; i < stop.max_tokens; ++i) {
-    const int32_t next = ArgMax(logits.data(), vocab);
-    if (stop.stop_at_end_tokens &&
-        std::find(end_tokens_.begin(), end_tokens_.end(), next) != end_tokens_.end()) {
-      break;
-    }
-    answer.push_back(next);
-    text = model_.tokenizer->Decode(answer, true);
-    if (stop.done && stop.done(text)) break;
-    if (i + 1 == stop.max_tokens || cache_.Capacity(kPromptSeq) < 1) {
-      last_hit_limit_ = true;
-      break;
-    }
+  GreedyResult out;
+  while (!Step(kPromptSeq, logits.data(), stop, &answer, &out)) {
     KVQ_RETURN_IF_ERROR(
-        model_.transformer->Forward({{kPromptSeq, {next}, false}}, cache_, &logits));
+        model_.transformer->Forward({{kPromptSeq, {answer.back()}, false}}, cache_, &logits));
     ++computed_;
   }
-  last_answer_tokens_ = static_cast<int64_t>(answer.size());
-  return text;
+  last_answer_tokens_ = out.tokens;
+  last_hit_limit_ = out.hit_limit;
+  return out.text;
+}
+
+Status PrefixRunner::AnswerBatched(
+    const std::vector<std::vector<int32_t>>& prompts, const GreedyStop& stop, int64_t max_batch,
+    const std::function<Status(size_t, const GreedyResult&)>& on_answer) {
+  if (max_batch < 1 || max_batch > kMaxBatch) {
+    return Status::Error("the decode batch must be in [1, " + std::to_string(kMaxBatch) + "]");
+  }
+  struct Slot {
+    size_t prompt = 0;
+    std::vector<int32_t> answer;
+    GreedyResult out;
+  };
+  std::vector<std::optional<Slot>> slots(static_cast<size_t>(max_batch));  // slot k: seq base + k
+  auto seq_of = [](size_t k) { return static_cast<SeqId>(kPromptSeq + static_cast<SeqId>(k)); };
+  struct ReleaseAll {
+    KvCache& cache;
+    size_t n;
+    SeqId base;
+    ~ReleaseAll() {
+      for (size_t k = 0; k < n; ++k) cache.ReleaseSequence(base + static_cast<SeqId>(k));
+    }
+  } release{cache_, slots.size(), kPromptSeq};
+  const int64_t vocab = model_.transformer->config().vocab_size;
+  std::vector<float> logits;  // [active, vocab]
+  size_t next_prompt = 0;
+  while (true) {
+    // Fill free slots; an answer may finish at its first token.
+    for (size_t k = 0; k < slots.size() && next_prompt < prompts.size(); ++k) {
+      while (!slots[k] && next_prompt < prompts.size()) {
+        Slot slot{next_prompt++, {}, {}};
+        KVQ_RETURN_IF_ERROR(StartPrompt(seq_of(k), prompts[slot.prompt], &logits));
+        if (Step(seq_of(k), logits.data(), stop, &slot.answer, &slot.out)) {
+          cache_.ReleaseSequence(seq_of(k));
+          KVQ_RETURN_IF_ERROR(on_answer(slot.prompt, slot.out));
+        } else {
+          slots[k] = std::move(slot);
+        }
+      }
+    }
+    std::vector<BatchSequence> batch;
+    std::vector<size_t> rows;  // slot of each batch row
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (slots[k]) {
+        batch.push_back({seq_of(k), {slots[k]->answer.back()}, false});
+        rows.push_back(k);
+      }
+    }
+    if (batch.empty()) return Status::Ok();
+    KVQ_RETURN_IF_ERROR(model_.transformer->Forward(batch, cache_, &logits));
+    computed_ += static_cast<int64_t>(batch.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      Slot& slot = *slots[rows[r]];
+      if (!Step(seq_of(rows[r]), logits.data() + static_cast<int64_t>(r) * vocab, stop,
+                &slot.answer, &slot.out)) {
+        continue;
+      }
+      cache_.ReleaseSequence(seq_of(rows[r]));
+      const size_t prompt = slot.prompt;
+      const GreedyResult out = slot.out;
+      slots[rows[r]].reset();
+      KVQ_RETURN_IF_ERROR(on_answer(prompt, out));
+    }
+  }
 }
 
 size_t CommonPrefixLength(const std::vector<std::vector<int32_t>>& prompts) {

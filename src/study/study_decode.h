@@ -28,10 +28,17 @@ struct GreedyStop {
 // where the vocabulary has them.
 std::vector<int32_t> EndOfAnswerTokens(const LoadedModel& model);
 
+struct GreedyResult {
+  std::string text;
+  int64_t tokens = 0;      // generated (end tokens excluded)
+  bool hit_limit = false;  // stopped by max_tokens or the cache's capacity
+};
+
 class PrefixRunner {
  public:
-  // Uses sequence ids 0x7ff0 (the prefix) and 0x7ff1 (one prompt) of `cache`,
-  // which must not hold them.
+  // Uses sequence ids 0x7ff0 (the prefix) and from 0x7ff1 on (one per prompt
+  // decoding at once, at most kMaxBatch) of `cache`, which must not hold them.
+  static constexpr int64_t kMaxBatch = 256;
   PrefixRunner(LoadedModel& model, KvCache& cache);
   ~PrefixRunner();
   PrefixRunner(const PrefixRunner&) = delete;
@@ -42,6 +49,18 @@ class PrefixRunner {
   // Greedy answer to `prompt`, which must start with the prefix and be longer.
   StatusOr<std::string> Answer(const std::vector<int32_t>& prompt, const GreedyStop& stop);
 
+  // Greedy answers to every prompt (each extends the prefix), up to
+  // `max_batch` of them decoding together: one forward call per step for all
+  // active answers, a finished answer's place taken by the next prompt, whose
+  // tail is prefilled alone. on_answer(i, answer) runs as prompt i finishes
+  // (in any order); an error it returns stops the run. A prompt's answer
+  // depends on the others only through the arithmetic of the batched
+  // projections (ops::Matmul's path for the step's row count), and equals
+  // Answer()'s while fewer than ops::kPackedMinTokens answers decode together.
+  Status AnswerBatched(const std::vector<std::vector<int32_t>>& prompts, const GreedyStop& stop,
+                       int64_t max_batch,
+                       const std::function<Status(size_t, const GreedyResult&)>& on_answer);
+
   int64_t last_answer_tokens() const { return last_answer_tokens_; }
   bool last_hit_limit() const { return last_hit_limit_; }  // stopped by max_tokens
   int64_t tokens_computed() const { return computed_; }    // prefill + decode forwards
@@ -49,6 +68,13 @@ class PrefixRunner {
 
  private:
   Status Prefill(SeqId seq, const int32_t* tokens, int64_t n, std::vector<float>* logits);
+  // Starts `seq` as a fork of the prefix (or empty) and prefills the tail of
+  // `prompt`; logits: its last row.
+  Status StartPrompt(SeqId seq, const std::vector<int32_t>& prompt, std::vector<float>* logits);
+  // One greedy step of an answer from its last logits row: true when the
+  // answer is finished (end token, stop.done, the token or capacity limit).
+  bool Step(SeqId seq, const float* logits, const GreedyStop& stop, std::vector<int32_t>* answer,
+            GreedyResult* out) const;
 
   LoadedModel& model_;
   KvCache& cache_;

@@ -168,6 +168,19 @@ StatusOr<std::vector<int32_t>> Gsm8kPrompt(const LoadedModel& model, const std::
   return ids;
 }
 
+StatusOr<int64_t> Gsm8kLongestPrompt(const LoadedModel& model,
+                                     const std::vector<Gsm8kProblem>& data, int64_t problems,
+                                     bool chat) {
+  int64_t longest = 0;
+  const int64_t n = std::min<int64_t>(problems, static_cast<int64_t>(data.size()));
+  for (int64_t i = 0; i < n; ++i) {
+    KVQ_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+                         Gsm8kPrompt(model, data[static_cast<size_t>(i)].question, chat));
+    longest = std::max(longest, static_cast<int64_t>(prompt.size()));
+  }
+  return longest;
+}
+
 StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>& data,
                              const std::vector<Gsm8kScheme>& schemes, const Gsm8kOptions& o,
                              const std::string& dir, const std::string& data_path,
@@ -179,7 +192,8 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
                        {"model", model.path},
                        {"data_sha256", digest},
                        {"max_new_tokens", o.max_new_tokens},
-                       {"chat", o.chat}};  // not the problem count: a rerun may add problems
+                       {"chat", o.chat},
+                       {"decode_batch", o.batch}};  // not the problem count: a rerun may add problems
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, config));
   Json list = Json::array();
   for (const Gsm8kScheme& scheme : schemes) {
@@ -198,30 +212,35 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
       stop.done = [](const std::string& text) {
         return SaidTheAnswer(text) || text.find("\nQuestion:") != std::string::npos;
       };
+      std::vector<int64_t> todo;  // problem of each prompt
+      std::vector<std::vector<int32_t>> prompts;
       for (int64_t i = 0; i < n; ++i) {
         if (done.count(i)) continue;
-        const Gsm8kProblem& problem = data[static_cast<size_t>(i)];
         KVQ_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                             Gsm8kPrompt(model, problem.question, o.chat));
-        auto answer = runner.Answer(prompt, stop);
-        if (!answer.ok()) {
-          return answer.status().WithContext("GSM8K " + scheme.name + " problem " +
-                                             std::to_string(i));
-        }
-        const std::string text = CutAtNextQuestion(*answer);
-        const std::string predicted = LastNumber(text);
-        Json record = {{"index", i},
-                       {"correct", SameNumber(predicted, problem.reference)},
-                       {"predicted", predicted},
-                       {"reference", problem.reference},
-                       {"generated_tokens", runner.last_answer_tokens()},
-                       {"hit_token_limit", runner.last_hit_limit()},
-                       {"answer", text}};
-        KVQ_RETURN_IF_ERROR(log.Append(record));
-        done[i] = record;
-        ++p.done;
-        if (progress) progress(p);
+                             Gsm8kPrompt(model, data[static_cast<size_t>(i)].question, o.chat));
+        todo.push_back(i);
+        prompts.push_back(std::move(prompt));
       }
+      const Status answered = runner.AnswerBatched(
+          prompts, stop, o.batch, [&](size_t k, const GreedyResult& answer) -> Status {
+            const int64_t i = todo[k];
+            const Gsm8kProblem& problem = data[static_cast<size_t>(i)];
+            const std::string text = CutAtNextQuestion(answer.text);
+            const std::string predicted = LastNumber(text);
+            Json record = {{"index", i},
+                           {"correct", SameNumber(predicted, problem.reference)},
+                           {"predicted", predicted},
+                           {"reference", problem.reference},
+                           {"generated_tokens", answer.tokens},
+                           {"hit_token_limit", answer.hit_limit},
+                           {"answer", text}};
+            KVQ_RETURN_IF_ERROR(log.Append(record));
+            done[i] = record;
+            ++p.done;
+            if (progress) progress(p);
+            return Status::Ok();
+          });
+      if (!answered.ok()) return answered.WithContext("GSM8K " + scheme.name);
     }
     int64_t correct = 0, tokens = 0, limited = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -247,6 +266,7 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
               {"selection", "the first " + std::to_string(n) + " problems of the file"},
               {"chat", o.chat},
               {"max_new_tokens", o.max_new_tokens},
+              {"decode_batch", o.batch},
               {"rule",
                "greedy; the model's last number (commas dropped) equals the number after '####' "
                "in the reference; 95% Wilson interval"},

@@ -46,7 +46,17 @@ struct Gsm8kOptions {
   int64_t problems = 250;  // the first N of the split
   int max_new_tokens = 320;
   bool chat = true;  // the model's chat template (off for a model without one)
+  // Answers decoding together (PrefixRunner::AnswerBatched): weight-bound
+  // decode reads the weights once per step for all of them. Part of the
+  // results' configuration, as the batched projections round differently.
+  int64_t batch = 1;
 };
+
+// The longest prompt of the first `problems` of `data`, in tokens (the cache
+// is sized from it).
+StatusOr<int64_t> Gsm8kLongestPrompt(const LoadedModel& model,
+                                     const std::vector<Gsm8kProblem>& data, int64_t problems,
+                                     bool chat);
 
 // The prompt's tokens for one problem (chat template when options.chat).
 StatusOr<std::vector<int32_t>> Gsm8kPrompt(const LoadedModel& model, const std::string& question,

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -185,6 +186,78 @@ TEST_F(StudyTasksTest, ForkedPrefixGivesTheSameAnswer) {
     // A second prompt on the same prefix works too (the fork was released).
     EXPECT_TRUE(runner.Answer(p->tokens, stop).ok());
     EXPECT_FALSE(runner.Answer(prefix, stop).ok());  // not longer than the prefix
+  }
+}
+
+// Batched decoding gives every prompt the answer it gets alone (below
+// ops::kPackedMinTokens rows the projections are row by row), with and
+// without a shared prefix, whatever the batch size; answers that stop early
+// (stop.done, an end token, the limit) free their slot for the next prompt.
+TEST_F(StudyTasksTest, BatchedAnswersEqualOneAtATime) {
+  // Random text after a shared opening, so the answers differ.
+  std::mt19937 rng(23);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 7; ++i) {
+    std::string text = "Shared opening of every prompt. ";
+    for (int c = 0; c < 40 + 13 * i; ++c) text += static_cast<char>('a' + rng() % 26);
+    EncodeOptions options;
+    options.add_special = true;
+    prompts.push_back(model_.tokenizer->Encode(text, options));
+  }
+  GreedyStop stop;
+  stop.max_tokens = 9;
+  // Stops some answers early, at a text-dependent point.
+  stop.done = [](const std::string& text) {
+    return text.size() >= 2 && static_cast<unsigned char>(text.back()) % 5 == 0;
+  };
+  for (const char* type : {"f16", "kivi2"}) {
+    SchemeSpec spec{type, type, type, false, ""};
+    KvCacheOptions o = SchemeCacheOptions(spec, 640, 1);
+    auto plan = PlanKvType(model_.transformer->kv_shape(), o);
+    ASSERT_TRUE(plan.ok());
+    o.memory_bytes = static_cast<size_t>(ExactKvBytes(plan->layout, 6, 640));
+    auto cache = MakeKvCache(model_.transformer->kv_shape(), o);
+    ASSERT_TRUE(cache.ok()) << cache.status().message();
+    for (size_t prefix : {size_t{0}, CommonPrefixLength(prompts)}) {
+      PrefixRunner runner(model_, **cache);
+      ASSERT_TRUE(
+          runner.SetPrefix(std::vector<int32_t>(prompts[0].begin(), prompts[0].begin() + prefix))
+              .ok());
+      std::vector<GreedyResult> alone;
+      for (const auto& prompt : prompts) {
+        auto a = runner.Answer(prompt, stop);
+        ASSERT_TRUE(a.ok()) << a.status().message();
+        alone.push_back({*a, runner.last_answer_tokens(), runner.last_hit_limit()});
+      }
+      int limited = 0;
+      for (const GreedyResult& a : alone) limited += a.hit_limit ? 1 : 0;
+      EXPECT_GT(limited, 0) << "some answers should run to the limit";
+      EXPECT_LT(limited, 7) << "some answers should stop early";
+      for (int64_t batch : {1, 3, 5}) {
+        std::vector<int> seen(prompts.size(), 0);
+        const Status status = runner.AnswerBatched(
+            prompts, stop, batch, [&](size_t i, const GreedyResult& a) -> Status {
+              ++seen[i];
+              EXPECT_EQ(a.text, alone[i].text) << type << " batch " << batch << " prompt " << i;
+              EXPECT_EQ(a.tokens, alone[i].tokens);
+              EXPECT_EQ(a.hit_limit, alone[i].hit_limit);
+              return Status::Ok();
+            });
+        ASSERT_TRUE(status.ok()) << status.message();
+        EXPECT_EQ(seen, std::vector<int>(prompts.size(), 1));
+      }
+      // The callback's error stops the run; every sequence is released.
+      int calls = 0;
+      EXPECT_FALSE(runner
+                       .AnswerBatched(prompts, stop, 3,
+                                      [&](size_t, const GreedyResult&) -> Status {
+                                        return ++calls == 2 ? Status::Error("stop") : Status::Ok();
+                                      })
+                       .ok());
+      EXPECT_EQ(calls, 2);
+      EXPECT_TRUE(runner.Answer(prompts[0], stop).ok());
+      EXPECT_FALSE(runner.AnswerBatched(prompts, stop, 0, nullptr).ok());
+    }
   }
 }
 
@@ -383,6 +456,7 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   o.problems = 2;
   o.max_new_tokens = 6;
   o.chat = false;
+  o.batch = 2;
   int64_t events = 0;
   auto first = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path,
                              [&](const Gsm8kProgress&) { ++events; });
@@ -407,6 +481,9 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   EXPECT_EQ(events, 2 * (1 + 1));
   EXPECT_EQ((*more)["schemes"][1]["problems"], 3);
   o.max_new_tokens = 7;  // another configuration
+  EXPECT_FALSE(RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr).ok());
+  o.max_new_tokens = 6;
+  o.batch = 3;  // another configuration too
   EXPECT_FALSE(RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr).ok());
   fs::remove_all(dir);
   fs::remove(data_path);

@@ -1,1 +1,1 @@
-kvq perplexity -m .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf -f .deps/corpus/test.txt -c 512 -b 512 --chunks 8 -t 2 --kv-cache-dtype f16 --save-logits f16.logits
+kvq perplexity -m .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf -f .deps/corpus/test.txt -c 512 -b 512 -t 2 --chunks 8 --kv-cache-dtype f16 --save-logits f16.logits

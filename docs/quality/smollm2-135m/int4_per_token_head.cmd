@@ -1,1 +1,1 @@
-kvq perplexity -m .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf -f .deps/corpus/test.txt -c 512 -b 512 --chunks 4 -t 2 --kv-cache-dtype int4_per_token_head  --kl-divergence f16.logits
+kvq perplexity -m .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf -f .deps/corpus/test.txt -c 512 -b 512 -t 2 --chunks 4 --kv-cache-dtype int4_per_token_head --kl-divergence f16.logits

@@ -82,6 +82,10 @@ pair() { echo "--cache-type-k $1 --cache-type-v $2"; }
   calib ktk_vtv 2
   run oscar2_codes_ktk ktk_vtv $(pair oscar-int2-clip96 oscar-int2-clip92)
   run oscar2_ktk ktk_vtv --kv-cache-dtype oscar2
+  # llama.cpp's other cache types and vLLM's per-tensor fp8
+  run q4_0_norot - --kv-cache-dtype q4_0-norot
+  for s in q4_1 iq4_nl q5_0 q5_1 q8_0 fp8_e4m3-t1; do run "$s" - --kv-cache-dtype "$s"; done
+  run fp8_e4m3-tcal qqt_sst --kv-cache-dtype fp8_e4m3-tcal
 }
 say done
 

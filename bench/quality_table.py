@@ -64,6 +64,14 @@ ROWS = [
     ("fp8_per_token_head", "paper", "vLLM fp8_per_token_head"),
     ("int8_per_token_head", "paper", "vLLM int8_per_token_head"),
     ("int8", "kvq", "kvq int8 (per token, g32)"),
+    ("q4_0_norot", "paper", "llama.cpp q4_0 without its rotation (LLAMA_ATTN_ROT_DISABLE=1 in llama.cpp)"),
+    ("q4_1", "paper", "llama.cpp q4_1 (rotated)"),
+    ("iq4_nl", "paper", "llama.cpp iq4_nl (rotated)"),
+    ("q5_0", "paper", "llama.cpp q5_0 (rotated)"),
+    ("q5_1", "paper", "llama.cpp q5_1 (rotated)"),
+    ("q8_0", "paper", "llama.cpp q8_0 (rotated)"),
+    ("fp8_e4m3-t1", "paper", "vLLM fp8 (e4m3) without checkpoint scales (1.0)"),
+    ("fp8_e4m3-tcal", "paper", "vLLM fp8 (e4m3) with calibrated per-layer scales (qqt_sst file)"),
 ]
 
 

@@ -28,8 +28,9 @@
 //       its PyTorch fallback), D = diag of +-1 signs drawn by
 //       torch.bernoulli(0.5) from a CPU generator seeded 0x9E3779B9 (here
 //       std::mt19937 with that seed, sign + when the low 24 bits of a draw
-//       are < 2^23: PyTorch's uniform_real / bernoulli on its mt19937; not
-//       checked against torch, which this machine lacks). Then per (token,
+//       are < 2^23: PyTorch's uniform_real / bernoulli on its mt19937;
+//       equal to torch's own draws, tests/golden/vllm_rht_signs.txt from
+//       bench/vllm_rht_signs.py). Then per (token,
 //       KV head): scale = max((max - min) / 15, 1e-6), zp = clamp(round half
 //       away(-min / scale), 0, 15), u = clamp(round half away(y * (1 / scale)
 //       + zp), 0, 15); the stored f32 scale has its low 4 mantissa bits

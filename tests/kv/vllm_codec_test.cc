@@ -7,8 +7,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -157,6 +159,30 @@ TEST(VllmInt4PerTokenHead, RotationSignsAndHadamard) {
     for (int64_t j = 0; j < d; ++j) want += (__builtin_popcountll(i & j) & 1 ? -1.0 : 1.0) * x[j];
     EXPECT_NEAR(y[i], want, 1e-5 * d) << i;
   }
+}
+
+// The signs torch draws for vLLM (bench/vllm_rht_signs.py, run in the peers'
+// venv, wrote tests/golden/vllm_rht_signs.txt): kvq's mt19937 reading of
+// torch.bernoulli must give the same diagonal at every width.
+TEST(VllmInt4PerTokenHead, RotationSignsEqualTorchs) {
+  std::ifstream golden(std::string(KVQ_SOURCE_DIR) + "/tests/golden/vllm_rht_signs.txt");
+  ASSERT_TRUE(golden) << "tests/golden/vllm_rht_signs.txt missing";
+  std::string line;
+  int widths = 0;
+  while (std::getline(golden, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    int64_t dim = 0;
+    std::string want;
+    ASSERT_TRUE(fields >> dim >> want) << line;
+    ASSERT_EQ(static_cast<int64_t>(want.size()), dim) << line;
+    const auto signs = codec::VllmRhtSigns(dim);
+    std::string got;
+    for (float s : signs) got += s > 0 ? '+' : '-';
+    EXPECT_EQ(got, want) << "dim " << dim;
+    ++widths;
+  }
+  EXPECT_EQ(widths, 5);
 }
 
 TEST(VllmInt4PerTokenHead, LayoutBoundAndRefusals) {

@@ -1,0 +1,1 @@
+kvq perplexity -m .deps/models/qwen2.5-coder-0.5b-instruct.gguf -f .deps/corpus/test.txt -c 512 -b 512 -t 2 --chunks 4 --kv-cache-dtype q4_1 --kl-divergence f16.logits

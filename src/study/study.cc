@@ -182,9 +182,11 @@ namespace {
 // A cache for the recall and reasoning stages: room for `sequences`
 // sequences of `max_tokens` each (by default 2: the shared prefix and the
 // fork that extends it).
-std::function<StatusOr<std::unique_ptr<KvCache>>()> CacheMaker(
-    const LoadedModel& model, const SchemeSpec& spec, int64_t max_tokens, int threads,
-    const std::string& calibration, int64_t sequences = 2) {
+std::function<StatusOr<std::unique_ptr<KvCache>>()> CacheMaker(const LoadedModel& model,
+                                                               const SchemeSpec& spec,
+                                                               int64_t max_tokens, int threads,
+                                                               const std::string& calibration,
+                                                               int64_t sequences = 2) {
   const KvShape shape = model.transformer->kv_shape();
   return [=]() -> StatusOr<std::unique_ptr<KvCache>> {
     KvCacheOptions options = SchemeCacheOptions(spec, max_tokens, threads, calibration);

@@ -188,12 +188,13 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
   const int64_t n = std::min<int64_t>(o.problems, static_cast<int64_t>(data.size()));
   if (n < 1) return Status::Error("GSM8K: no problems to run");
   KVQ_ASSIGN_OR_RETURN(std::string digest, Sha256File(data_path));
-  const Json config = {{"kvq_gsm8k_version", 1},
-                       {"model", model.path},
-                       {"data_sha256", digest},
-                       {"max_new_tokens", o.max_new_tokens},
-                       {"chat", o.chat},
-                       {"decode_batch", o.batch}};  // not the problem count: a rerun may add problems
+  const Json config = {
+      {"kvq_gsm8k_version", 1},
+      {"model", model.path},
+      {"data_sha256", digest},
+      {"max_new_tokens", o.max_new_tokens},
+      {"chat", o.chat},
+      {"decode_batch", o.batch}};  // not the problem count: a rerun may add problems
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, config));
   Json list = Json::array();
   for (const Gsm8kScheme& scheme : schemes) {

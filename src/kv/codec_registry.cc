@@ -246,7 +246,8 @@ std::string KvCacheTypesSummary() {
     s += (s.empty() ? "" : "; ") + std::string(family->syntax);
   }
   s += "; streaming options -rN (newest N tokens in f16), -sN (first N in f16), -aN (N "
-       "detected sinks in f16), -prerope (K before RoPE); schemes";
+       "detected sinks in f16), -prerope (K before RoPE); schemes (SCHEME-sN / SCHEME-aN "
+       "give both codecs the option)";
   for (const KvCodecFamily* family : KvCodecFamilies()) {
     for (const KvScheme& scheme : family->schemes) s += " " + std::string(scheme.name);
   }

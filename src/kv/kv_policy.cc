@@ -40,6 +40,17 @@ StatusOr<KvLayerTypes> ExpandKvScheme(const std::string& spec) {
   const std::string s = Trim(spec);
   if (s.empty()) return Status::Error("empty KV cache type");
   if (const KvScheme* scheme = FindKvScheme(s)) return KvLayerTypes{scheme->k_type, scheme->v_type};
+  // SCHEME-sN / SCHEME-aN (first N tokens / N detected sinks in f16): the
+  // streaming option goes to both of the scheme's codecs, which validate it.
+  const size_t dash = s.rfind('-');
+  if (dash != std::string::npos && dash + 2 < s.size() &&
+      (s[dash + 1] == 's' || s[dash + 1] == 'a') &&
+      s.find_first_not_of("0123456789", dash + 2) == std::string::npos) {
+    if (const KvScheme* scheme = FindKvScheme(s.substr(0, dash))) {
+      const std::string option = s.substr(dash);
+      return KvLayerTypes{scheme->k_type + option, scheme->v_type + option};
+    }
+  }
   const size_t slash = s.find('/');
   if (slash != std::string::npos) {
     const std::string k = Trim(s.substr(0, slash)), v = Trim(s.substr(slash + 1));

@@ -101,6 +101,22 @@ TEST(KvScheme, NamesExpandAndPoliciesParse) {
   ASSERT_TRUE(kivi.ok());
   EXPECT_EQ(kivi->k_type, "int2-c32-asym-r128");
   EXPECT_EQ(kivi->v_type, "int2-g32-asym-r128");
+  // A scheme name takes the sink options, given to both codecs.
+  auto sinks = ExpandKvScheme("kivi2-a4");
+  ASSERT_TRUE(sinks.ok());
+  EXPECT_EQ(sinks->k_type, "int2-c32-asym-r128-a4");
+  EXPECT_EQ(sinks->v_type, "int2-g32-asym-r128-a4");
+  for (const char* name : {"kivi2-a4", "kivi2-s16", "hf-quanto-int4-a1"}) {
+    auto types = ExpandKvScheme(name);
+    ASSERT_TRUE(types.ok()) << name;
+    EXPECT_TRUE(ParseKvCodec(types->k_type, 64).ok()) << name << ": " << types->k_type;
+    EXPECT_TRUE(ParseKvCodec(types->v_type, 64).ok()) << name << ": " << types->v_type;
+  }
+  // Not a streaming option, or not a scheme: left to the codec parser, which refuses.
+  for (const char* name : {"kivi2-x4", "kivi2-a", "kivi9-a4"}) {
+    auto types = ExpandKvScheme(name);
+    EXPECT_TRUE(!types.ok() || !ParseKvCodec(types->k_type, 64).ok()) << name;
+  }
   auto pair = ExpandKvScheme("f16/kivi4");
   ASSERT_TRUE(pair.ok());
   EXPECT_EQ(pair->k_type, "f16");

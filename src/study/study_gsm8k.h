@@ -46,9 +46,10 @@ struct Gsm8kOptions {
   int64_t problems = 250;  // the first N of the split
   int max_new_tokens = 320;
   bool chat = true;  // the model's chat template (off for a model without one)
-  // Answers decoding together (PrefixRunner::AnswerBatched): weight-bound
-  // decode reads the weights once per step for all of them. Part of the
-  // results' configuration, as the batched projections round differently.
+  // Answers decoding together (PrefixRunner::AnswerBatched): the
+  // projections read each weight block once per step for all of them. Part
+  // of the results' configuration, as the batched projections round
+  // differently.
   int64_t batch = 1;
 };
 

@@ -131,74 +131,60 @@ HWY_INLINE const Block& BlockAt(const uint8_t* row, int64_t b) {
 }
 
 // 32-value block types: Weights(row, b) is the block's 32 integers (minus
-// the type's offset for the signed ones), d (and m) its scales.
-struct IntQ8_0 {
-  static constexpr bool kSigned = true, kMin = false;
+// the type's offset for the signed ones), D and M (from BlockScales) the
+// block's f16 scale and, for the types with one, its f16 min (else 0).
+template <class Block, bool kHasMin>
+struct BlockScales {
+  static constexpr bool kMin = kHasMin;
+  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) { return BlockAt<Block>(row, b).d; }
+  static HWY_INLINE uint16_t M(const uint8_t* row, int64_t b) {
+    if constexpr (kHasMin) {
+      return BlockAt<Block>(row, b).m;
+    } else {
+      (void)row, (void)b;
+      return 0;
+    }
+  }
+};
+struct IntQ8_0 : BlockScales<BlockQ8_0, false> {
+  static constexpr bool kSigned = true;
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
     return Load32(BlockAt<BlockQ8_0>(row, b).q);
   }
-  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ8_0>(row, b).d;
-  }
-  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
 };
-struct IntQ4_0 {
-  static constexpr bool kSigned = true, kMin = false;
+struct IntQ4_0 : BlockScales<BlockQ4_0, false> {
+  static constexpr bool kSigned = true;
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
     return _mm256_sub_epi8(Nibbles(BlockAt<BlockQ4_0>(row, b).qs), Bytes(8));
   }
-  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ4_0>(row, b).d;
-  }
-  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
 };
-struct IntQ4_1 {
-  static constexpr bool kSigned = false, kMin = true;
+struct IntQ4_1 : BlockScales<BlockQ4_1, true> {
+  static constexpr bool kSigned = false;
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
     return Nibbles(BlockAt<BlockQ4_1>(row, b).qs);
   }
-  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ4_1>(row, b).d;
-  }
-  static HWY_INLINE uint16_t M(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ4_1>(row, b).m;
-  }
 };
-struct IntQ5_0 {
-  static constexpr bool kSigned = true, kMin = false;
+struct IntQ5_0 : BlockScales<BlockQ5_0, false> {
+  static constexpr bool kSigned = true;
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
     const BlockQ5_0& k = BlockAt<BlockQ5_0>(row, b);
     return _mm256_sub_epi8(_mm256_or_si256(Nibbles(k.qs), FifthBits(k.qh)), Bytes(16));
   }
-  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ5_0>(row, b).d;
-  }
-  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
 };
-struct IntQ5_1 {
-  static constexpr bool kSigned = false, kMin = true;
+struct IntQ5_1 : BlockScales<BlockQ5_1, true> {
+  static constexpr bool kSigned = false;
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
     const BlockQ5_1& k = BlockAt<BlockQ5_1>(row, b);
     return _mm256_or_si256(Nibbles(k.qs), FifthBits(k.qh));
   }
-  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ5_1>(row, b).d;
-  }
-  static HWY_INLINE uint16_t M(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockQ5_1>(row, b).m;
-  }
 };
-struct IntIQ4_NL {
-  static constexpr bool kSigned = true, kMin = false;
+struct IntIQ4_NL : BlockScales<BlockIQ4_NL, false> {
+  static constexpr bool kSigned = true;
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
     const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
     return _mm256_shuffle_epi8(_mm256_set_m128i(levels, levels),
                                Nibbles(BlockAt<BlockIQ4_NL>(row, b).qs));
   }
-  static HWY_INLINE uint16_t D(const uint8_t* row, int64_t b) {
-    return BlockAt<BlockIQ4_NL>(row, b).d;
-  }
-  static HWY_INLINE uint16_t M(const uint8_t*, int64_t) { return 0; }
 };
 
 // K-quant super-blocks: Prepare unpacks the scales (per 16 values, sc) and

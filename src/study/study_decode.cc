@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "engine/sampler.h"
 
@@ -104,22 +105,14 @@ bool PrefixRunner::Step(SeqId seq, const float* logits, const GreedyStop& stop,
 
 StatusOr<std::string> PrefixRunner::Answer(const std::vector<int32_t>& prompt,
                                            const GreedyStop& stop) {
-  std::vector<float> logits;  // [1, vocab] (only the last row is returned)
-  KVQ_RETURN_IF_ERROR(StartPrompt(kPromptSeq, prompt, &logits));
-  struct Release {
-    KvCache& cache;
-    ~Release() { cache.ReleaseSequence(kPromptSeq); }
-  } release{cache_};
-  std::vector<int32_t> answer;
-  GreedyResult out;
-  while (!Step(kPromptSeq, logits.data(), stop, &answer, &out)) {
-    KVQ_RETURN_IF_ERROR(
-        model_.transformer->Forward({{kPromptSeq, {answer.back()}, false}}, cache_, &logits));
-    ++computed_;
-  }
-  last_answer_tokens_ = out.tokens;
-  last_hit_limit_ = out.hit_limit;
-  return out.text;
+  GreedyResult result;
+  KVQ_RETURN_IF_ERROR(AnswerBatched({prompt}, stop, 1, [&](size_t, const GreedyResult& r) {
+    result = r;
+    return Status::Ok();
+  }));
+  last_answer_tokens_ = result.tokens;
+  last_hit_limit_ = result.hit_limit;
+  return result.text;
 }
 
 Status PrefixRunner::AnswerBatched(
@@ -179,7 +172,7 @@ Status PrefixRunner::AnswerBatched(
       }
       cache_.ReleaseSequence(seq_of(rows[r]));
       const size_t prompt = slot.prompt;
-      const GreedyResult out = slot.out;
+      const GreedyResult out = std::move(slot.out);
       slots[rows[r]].reset();
       KVQ_RETURN_IF_ERROR(on_answer(prompt, out));
     }

@@ -282,6 +282,7 @@ HWY_NOINLINE void AccumulateBlocks16(const Fmt& fmt, const uint8_t* HWY_RESTRICT
   float offsets[kAccumulateRowBlock * kMaxParamGroups];  // [rows, groups]
   for (int64_t t0 = 0; t0 < n; t0 += kAccumulateRowBlock) {
     const int64_t t1 = std::min(n, t0 + kAccumulateRowBlock);
+    PrefetchAhead(rows + t0 * row_bytes, rows + t1 * row_bytes);
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t g = 0; g < groups; ++g) {
         const ScaleOffset so = fmt.Params(rows + t * row_bytes, g);

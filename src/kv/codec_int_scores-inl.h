@@ -193,6 +193,54 @@ struct IntRowLayout {
   int64_t dim, row_bytes, code_bytes, group, groups;
 };
 
+// Rows whose code dwords are transposed in registers instead of gathered:
+// up to this many dwords (int8 at head_dim 128), a multiple of 4.
+inline constexpr int64_t kMaxTransposedDwords = 32;
+
+// out[w], lane r = dword w of the row at base + r * row_bytes, for w <
+// dwords (a multiple of 4) and every lane r: exactly what GatherOffset of
+// dword w over the rows gives, from 128-bit row loads instead of one load per
+// lane (a gather is 16 loads and was most of the scores kernel's time). Per
+// 4 dwords, input vector i holds in its 128-bit block j the 4 dwords of row
+// i + 4j; a 4x4 transpose inside every block (two rounds of interleaves)
+// then puts dword w of rows 4j..4j+3 in block j of out[w], lane r = row r.
+HWY_INLINE void LoadRowDwordsTransposed(const uint8_t* HWY_RESTRICT base, int64_t row_bytes,
+                                        int64_t dwords, hn::Vec<RowTagI>* HWY_RESTRICT out) {
+  const RowTagI di;
+#if HWY_TARGET == HWY_SCALAR  // one lane: row 0's dwords
+  (void)row_bytes;
+  for (int64_t w = 0; w < dwords; ++w) {
+    int32_t word;
+    std::memcpy(&word, base + 4 * w, 4);
+    out[w] = hn::Set(di, word);
+  }
+#else
+  const hn::Repartition<int64_t, RowTagI> d64;
+  const int32_t blocks = static_cast<int32_t>(hn::Lanes(di) / 4);
+  const auto block_of_lane = hn::ShiftRight<2>(hn::Iota(di, 0));
+  for (int64_t s = 0; s < dwords; s += 4) {
+    hn::Vec<RowTagI> r[4];
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* row = base + i * row_bytes + 4 * s;
+      auto v = hn::LoadDup128(di, reinterpret_cast<const int32_t*>(row));
+      for (int32_t j = 1; j < blocks; ++j) {
+        const auto* rj = reinterpret_cast<const int32_t*>(row + 4 * j * row_bytes);
+        v = hn::IfThenElse(hn::Eq(block_of_lane, hn::Set(di, j)), hn::LoadDup128(di, rj), v);
+      }
+      r[i] = v;
+    }
+    const auto t0 = hn::BitCast(d64, hn::InterleaveLower(di, r[0], r[1]));
+    const auto t1 = hn::BitCast(d64, hn::InterleaveUpper(di, r[0], r[1]));
+    const auto t2 = hn::BitCast(d64, hn::InterleaveLower(di, r[2], r[3]));
+    const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(di, r[2], r[3]));
+    out[s + 0] = hn::BitCast(di, hn::InterleaveLower(d64, t0, t2));
+    out[s + 1] = hn::BitCast(di, hn::InterleaveUpper(d64, t0, t2));
+    out[s + 2] = hn::BitCast(di, hn::InterleaveLower(d64, t1, t3));
+    out[s + 3] = hn::BitCast(di, hn::InterleaveUpper(d64, t1, t3));
+  }
+#endif
+}
+
 // Scores (or, with kDotsOnly, the raw group dots) of rows [0, n) for kHeads
 // quantized heads. q8: [kHeads, dim] (byte dot) or words: [kHeads,
 // QueryWordsPerHead] (pair path); qscale, qsum:
@@ -224,6 +272,13 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
     const VI offsets =
         hn::Mul(hn::Min(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(count - 1))),
                 hn::Set(di, static_cast<int32_t>(L.row_bytes)));
+    PrefetchAhead(base, base + lanes * L.row_bytes);
+    // A whole vector of rows with few enough code dwords: transposed loads.
+    const int64_t code_dwords = L.code_bytes / 4;
+    const bool transposed =
+        count == lanes && code_dwords % 4 == 0 && code_dwords <= kMaxTransposedDwords;
+    VI codes_of[kMaxTransposedDwords];
+    if (transposed) LoadRowDwordsTransposed(base, L.row_bytes, code_dwords, codes_of);
     VF score[kHeads];
     for (int64_t h = 0; h < kHeads; ++h) {
       score[h] = kRowParams ? hn::Zero(df) : hn::Set(df, bias[h]);
@@ -232,7 +287,9 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
       VI acc[kHeads], acc1[kHeads];
       for (int64_t h = 0; h < kHeads; ++h) acc[h] = acc1[h] = hn::Zero(di);
       for (int64_t w = g * dwords_per_group; w < (g + 1) * dwords_per_group; ++w) {
-        const VI v = hn::GatherOffset(di, reinterpret_cast<const int32_t*>(base + 4 * w), offsets);
+        const VI v = transposed ? codes_of[w]
+                                : hn::GatherOffset(
+                                      di, reinterpret_cast<const int32_t*>(base + 4 * w), offsets);
         for (int f = 0; f < kFields; ++f) {
 #if HWY_TARGET == HWY_AVX3_DL
           (void)per_head;

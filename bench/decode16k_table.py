@@ -5,7 +5,11 @@ the same run, the read probe interleaved in every iteration).
 
   bench/decode16k_table.py render DIR     markdown of DIR/*.json
   bench/decode16k_table.py embed DOC DIR  DOC's <!-- decode16k begin/end --> := render DIR
-  bench/decode16k_table.py check DOC DIR  the block equals render DIR (decode16k_doc_test)
+  bench/decode16k_table.py check DOC DIR  the block equals render DIR, and every
+      <!-- decode16k-compare:BEFORE,AFTER --> block equals compare of those two
+      folders beside DIR (decode16k_doc_test)
+  bench/decode16k_table.py compare BEFORE_DIR AFTER_DIR   markdown: two sweeps side by side
+  bench/decode16k_table.py embed-compare DOC BEFORE_DIR AFTER_DIR  DOC's block := compare
   bench/decode16k_table.py --self-test DIR  check fails on a changed figure
 
 "vs f16" is f16's time / the codec's time in the same run (above 1: faster).
@@ -59,18 +63,71 @@ def render(d):
     return "\n".join(lines)
 
 
+def sweep(d):
+    """{(shape, codec, threads): row} of a sweep folder, f16 from its own run."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(d, "*.json"))):
+        shape, rows = rows_of(path)
+        if not shape:
+            continue
+        codec = os.path.basename(path)[len(shape) + 1:-len(".json")]
+        for t in (1, 2):
+            if (codec, t) in rows and ("f16", t) in rows:
+                out[(shape, codec, t)] = dict(rows[(codec, t)], f16=rows[("f16", t)]["us"])
+    return out
+
+
+def compare(before_dir, after_dir):
+    """Codecs measured in both sweeps: time and vs f16 before and after."""
+    before, after = sweep(before_dir), sweep(after_dir)
+    lines = [f"before: `{os.path.basename(before_dir.rstrip('/'))}`, after: "
+             f"`{os.path.basename(after_dir.rstrip('/'))}` (µs per 16K-token layer; speed-up = "
+             "before / after; vs f16 = f16's time / the codec's in the same run)", "",
+             "| shape | codec | threads | before µs | after µs | speed-up | vs f16 before | "
+             "vs f16 after | vs probe before | vs probe after |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for key in sorted(set(before) & set(after)):
+        b, a = before[key], after[key]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {b['us']:.1f} | {a['us']:.1f} | "
+                     f"{b['us'] / a['us']:.2f} | {b['f16'] / b['us']:.2f} | {a['f16'] / a['us']:.2f} | "
+                     f"{b['vs']:.2f} | {a['vs']:.2f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv):
     if argv[:1] == ["render"]:
         sys.stdout.write(render(argv[1]))
+        return 0
+    if argv[:1] == ["compare"] and len(argv) == 3:
+        sys.stdout.write(compare(argv[1], argv[2]))
+        return 0
+    if argv[:1] == ["embed-compare"] and len(argv) == 4:
+        name = ",".join(os.path.basename(x.rstrip("/")) for x in argv[2:4])
+        doc_blocks.embed("decode16k_table", argv[1], "decode16k-compare", name,
+                         compare(argv[2], argv[3]))
         return 0
     if len(argv) == 3 and argv[0] in ("embed", "check"):
         doc, d = argv[1], argv[2]
         if argv[0] == "embed":
             doc_blocks.embed("decode16k_table", doc, "decode16k", "", render(d))
             return 0
-        return doc_blocks.check("decode16k_table", doc, ["decode16k"], lambda kind, name: render(d),
-                                lambda kind, name: f"bench/decode16k_table.py embed {doc} {d}",
-                                require_one=True)
+        root = os.path.dirname(d.rstrip("/"))
+
+        def block(kind, name):
+            if kind == "decode16k":
+                return render(d)
+            b, a = name.split(",")
+            return compare(os.path.join(root, b), os.path.join(root, a))
+
+        def hint(kind, name):
+            if kind == "decode16k":
+                return f"bench/decode16k_table.py embed {doc} {d}"
+            b, a = name.split(",")
+            return f"bench/decode16k_table.py embed-compare {doc} {root}/{b} {root}/{a}"
+
+        return doc_blocks.check("decode16k_table", doc, ["decode16k", "decode16k-compare"], block,
+                                hint, require_one=True)
     if len(argv) == 2 and argv[0] == "--self-test":
         return doc_blocks.self_test("decode16k_table", "decode16k", "",
                                     lambda kind, name: render(argv[1]), r"\| (\d+\.\d\d) \|")

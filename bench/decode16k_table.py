@@ -38,15 +38,19 @@ def rows_of(path):
     return (shape.group(1) if shape else None), out
 
 
+def runs(d):
+    """(shape, codec, rows) of every run SHAPE.CODEC.json of a sweep folder."""
+    for path in sorted(glob.glob(os.path.join(d, "*.json"))):
+        shape, rows = rows_of(path)
+        if shape:
+            yield shape, os.path.basename(path)[len(shape) + 1:-len(".json")], rows
+
+
 def render(d):
     lines = []
     shapes = {}
-    for path in sorted(glob.glob(os.path.join(d, "*.json"))):
-        shape, rows = rows_of(path)
-        if not shape:
-            continue
-        codec = os.path.basename(path)[len(shape) + 1:-len(".json")]  # SHAPE.CODEC.json
-        if shape and all((c, t) in rows for c in ("f16", codec) for t in (1, 2)):
+    for shape, codec, rows in runs(d):
+        if all((c, t) in rows for c in ("f16", codec) for t in (1, 2)):
             shapes.setdefault(shape, []).append((codec, rows))
     for shape in sorted(shapes):
         lines += [f"**{shape}** layer shape, 16384 tokens, 16-token blocks", "",
@@ -66,11 +70,7 @@ def render(d):
 def sweep(d):
     """{(shape, codec, threads): row} of a sweep folder, f16 from its own run."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(d, "*.json"))):
-        shape, rows = rows_of(path)
-        if not shape:
-            continue
-        codec = os.path.basename(path)[len(shape) + 1:-len(".json")]
+    for shape, codec, rows in runs(d):
         for t in (1, 2):
             if (codec, t) in rows and ("f16", t) in rows:
                 out[(shape, codec, t)] = dict(rows[(codec, t)], f16=rows[("f16", t)]["us"])

@@ -265,6 +265,9 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));
   const int64_t per_head = QueryWordsPerHead(L.dim);
   const int64_t dwords_per_group = L.group * kBits / 32;
+  // Rows with few enough code dwords load a whole vector of rows transposed.
+  const int64_t code_dwords = L.code_bytes / 4;
+  const bool transposable = code_dwords % 4 == 0 && code_dwords <= kMaxTransposedDwords;
   for (int64_t t0 = 0; t0 < n; t0 += lanes) {
     const int64_t count = std::min(lanes, n - t0);
     const uint8_t* base = rows + t0 * L.row_bytes;
@@ -273,10 +276,7 @@ HWY_NOINLINE void IntDotPass(const IntRowLayout& L, const uint8_t* HWY_RESTRICT 
         hn::Mul(hn::Min(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(count - 1))),
                 hn::Set(di, static_cast<int32_t>(L.row_bytes)));
     PrefetchAhead(base, base + lanes * L.row_bytes);
-    // A whole vector of rows with few enough code dwords: transposed loads.
-    const int64_t code_dwords = L.code_bytes / 4;
-    const bool transposed =
-        count == lanes && code_dwords % 4 == 0 && code_dwords <= kMaxTransposedDwords;
+    const bool transposed = transposable && count == lanes;  // a partial vector gathers
     VI codes_of[kMaxTransposedDwords];
     if (transposed) LoadRowDwordsTransposed(base, L.row_bytes, code_dwords, codes_of);
     VF score[kHeads];

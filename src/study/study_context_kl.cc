@@ -172,7 +172,7 @@ StatusOr<Json> RunContextKlStudy(LoadedModel& model, const std::string& text,
                            MeasurePoint(model, text, schemes[s], length, windows, o, baseline));
       if (!done[s].count(length)) {  // the baseline re-ran only to remake its log-probs
         KVQ_RETURN_IF_ERROR(logs[s].Append(point));
-        done[s][length] = point;
+        done[s][length] = logs[s].records().back();  // as stamped
         ++p.done;
       }
     }

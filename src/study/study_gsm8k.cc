@@ -236,7 +236,7 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
                            {"hit_token_limit", answer.hit_limit},
                            {"answer", text}};
             KVQ_RETURN_IF_ERROR(log.Append(record));
-            done[i] = record;
+            done[i] = log.records().back();  // as stamped
             ++p.done;
             if (progress) progress(p);
             return Status::Ok();
@@ -244,8 +244,10 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
       if (!answered.ok()) return answered.WithContext("GSM8K " + scheme.name);
     }
     int64_t correct = 0, tokens = 0, limited = 0;
+    std::map<std::string, int64_t> targets;  // answers per SIMD target ("" = not recorded)
     for (int64_t i = 0; i < n; ++i) {
       const Json& r = done[i];
+      ++targets[r.value("simd_target", std::string())];
       correct += r.value("correct", false) ? 1 : 0;
       tokens += r.value("generated_tokens", int64_t{0});
       limited += r.value("hit_token_limit", false) ? 1 : 0;
@@ -259,6 +261,7 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
                     {"wilson95_high", high},
                     {"mean_generated_tokens", static_cast<double>(tokens) / static_cast<double>(n)},
                     {"hit_token_limit", limited},
+                    {"simd_targets", targets},
                     {"example_answer", done[0].value("answer", std::string())}});
   }
   return Json{{"data", data_path},

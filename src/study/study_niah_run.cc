@@ -39,7 +39,8 @@ std::string CellFile(const Cell& c) {
 
 struct CellResult {
   int correct = 0, trials = 0;
-  std::string example;  // the first trial's answer
+  std::string example;                      // the first trial's answer
+  std::map<std::string, int> simd_targets;  // trials per SIMD target ("" = not recorded)
 };
 
 // Runs (or resumes) one cell; returns its tally over every recorded trial.
@@ -108,6 +109,7 @@ StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cel
     if (t < 0 || t >= o.trials || !counted.insert(t).second) continue;
     ++r.trials;
     r.correct += rec.value("correct", false) ? 1 : 0;
+    ++r.simd_targets[rec.value("simd_target", std::string())];
     if (t == 0) r.example = rec.value("answer", std::string());
   }
   return r;
@@ -178,6 +180,7 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
                       {"depth", cell.depth},
                       {"correct", result->correct},
                       {"trials", result->trials},
+                      {"simd_targets", result->simd_targets},
                       {"example_answer", result->example}});
     }
     computed += runner.tokens_computed();

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "hwy/targets.h"
 #include "io/mapped_file.h"
 
 namespace kvq {
@@ -65,14 +66,21 @@ StatusOr<ResultLog> ResultLog::Open(const std::string& path) {
   return log;
 }
 
+std::string SimdTargetName() {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  return targets.empty() ? "none" : hwy::TargetName(targets.front());
+}
+
 Status ResultLog::Append(const nlohmann::json& record) {
-  const std::string line = record.dump() + "\n";
+  nlohmann::json stamped = record;
+  stamped["simd_target"] = SimdTargetName();
+  const std::string line = stamped.dump() + "\n";
   std::FILE* f = std::fopen(path_.c_str(), "ab");
   if (f == nullptr) return Status::Error(path_ + ": cannot open for appending");
   const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size() && std::fflush(f) == 0;
   std::fclose(f);
   if (!ok) return Status::Error(path_ + ": write failed");
-  records_.push_back(record);
+  records_.push_back(std::move(stamped));
   return Status::Ok();
 }
 

@@ -29,13 +29,19 @@ class ResultLog {
   static StatusOr<ResultLog> Open(const std::string& path);
 
   const std::vector<nlohmann::json>& records() const { return records_; }
-  // Appends one record as a line and flushes it to the file.
+  // Appends one record as a line and flushes it to the file, stamped with
+  // "simd_target" (SimdTargetName()): a run may resume on another machine,
+  // and kernels of different SIMD targets round differently, which can
+  // change a greedy answer.
   Status Append(const nlohmann::json& record);
 
  private:
   std::string path_;
   std::vector<nlohmann::json> records_;
 };
+
+// The SIMD target the kernels dispatch to on this CPU ("AVX3_ZEN4", "AVX2").
+std::string SimdTargetName();
 
 // A file-name-safe name for a scheme spec or cell: [A-Za-z0-9._-] kept,
 // anything else '_', plus 8 hex digits of a hash of the original (so

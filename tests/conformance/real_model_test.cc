@@ -166,12 +166,15 @@ TEST_P(RealModelGreedy, ContinuationsMatchLlamaCpp) {
 }
 
 // What `make test` holds kvq to: the agreement measured on SmolLM2 (kvq vs
-// llama.cpp: first divergences at generated tokens 12, 14, 17, 31, gaps up
-// to 0.095, 1 of 5 identical; llama.cpp vs itself with flash attention off:
-// 12, 15, 31, gaps up to 0.095). Every continuation agrees on its first 10
-// tokens, and a divergence starts where llama.cpp's top-2 gap is below 0.15
-// (1.5x the largest seen either way), i.e. between close candidates, not
-// from a broken model (which diverges at once, at any gap).
+// llama.cpp on AVX-512: first divergences at generated tokens 12, 14, 17, 31,
+// gaps up to 0.095, 1 of 5 identical; llama.cpp vs itself with flash
+// attention off: 12, 15, 31, gaps up to 0.095; on an AVX2-only machine, where
+// both sides run other kernels: 9, 11, 12, gaps 0.0124, 0.0586, 0.0058). A
+// divergence starts where llama.cpp's top-2 gap is below 0.15 (1.5x the
+// largest seen either way), i.e. between close candidates, not from a broken
+// model (which diverges at once, at any gap); within the first 10 tokens only
+// at a near-tie (kNearTie), since where the rounding noise first meets a
+// close pair is chance and differs by instruction set.
 TEST_P(RealModelGreedy, ContinuationsStayCloseToLlamaCpp) {
   const std::string path = ModelPath(GetParam());
   if (!fs::exists(path)) GTEST_SKIP() << path << " missing: run scripts/setup.sh";
@@ -179,8 +182,8 @@ TEST_P(RealModelGreedy, ContinuationsStayCloseToLlamaCpp) {
   EXPECT_EQ(run.prompts, 5);
   for (size_t i = 0; i < run.gap.size(); ++i) {
     if (run.first_diff[i] < 0) continue;
-    EXPECT_GE(run.first_diff[i], 10) << "prompt " << i;
-    EXPECT_LT(run.gap[i], 0.15f) << "prompt " << i;
+    EXPECT_LT(run.gap[i], run.first_diff[i] < 10 ? kNearTie : 0.15f)
+        << "prompt " << i << " diverges at token " << run.first_diff[i];
   }
 }
 

@@ -283,6 +283,9 @@ TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
   ASSERT_TRUE(again.ok());
   ASSERT_EQ(again->records().size(), 3u);
   EXPECT_EQ(again->records()[2]["trial"], 2);
+  // Every record names the SIMD target it was computed with, as read back.
+  EXPECT_EQ(again->records()[2]["simd_target"], SimdTargetName());
+  EXPECT_NE(SimdTargetName(), "none");
   {
     std::ofstream f(path, std::ios::app);
     f << "not json\n";

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The study's long stages on the shipped models (issue 17: GSM8K, the needle
+# grid, KL by context length), run so that they survive being spread over
+# several sessions and machines: every answer is appended to a results
+# directory inside the repository (docs/study/<model>/results/), which is
+# committed as it grows, and a rerun continues from it (kvq study's
+# --results-dir). After each round the stage's JSON (gsm8k.json, needle.json,
+# context_kl.json beside the model's study.json) is rewritten from every
+# result so far, so what ships always says how many problems or trials it
+# covers.
+#
+#   bench/study_long.sh gsm8k [ROUNDS]     Qwen2.5-Coder-1.5B-Instruct, problems
+#                                          in rounds (default 50,100,150,200,250)
+#   bench/study_long.sh niah MODEL_STEM    needle grid: every task, 1K-8K within
+#                                          the model's context, 5 depths, 20 trials
+#   bench/study_long.sh context-kl MODEL_STEM   KL vs f16 by context length,
+#                                          512 to the model's context
+#
+# MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
+# the environment: KVQ (default build/bin/kvq), THREADS (default 2).
+# Progress goes to standard error; run it under nohup with a log file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kvq=${KVQ:-build/bin/kvq}
+threads=${THREADS:-2}
+stage=${1:?stage: gsm8k, niah or context-kl}
+
+# The issue's GSM8K set: the f16 baseline, KIVI-2 with and without its
+# 128-token f16 window (the write-up says 2-bit without it "craters"), and
+# plain per-token int2.
+gsm8k_schemes=f16,kivi2,int2-c32-asym/int2-g32-asym,int2
+
+study() {  # study MODEL_STEM JSON_NAME FLAGS...
+  local stem=$1 json=$2
+  shift 2
+  local dir=docs/study/$stem
+  mkdir -p "$dir/results"
+  echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf $*" >&2
+  "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --no-core \
+    --results-dir "$dir/results" --json "$dir/$json.tmp" "$@"
+  mv "$dir/$json.tmp" "$dir/$json"
+}
+
+case $stage in
+  gsm8k)
+    for n in $(echo "${2:-50,100,150,200,250}" | tr , ' '); do
+      study qwen2.5-coder-1.5b-instruct gsm8k.json --gsm8k-problems "$n" \
+        --gsm8k-schemes "$gsm8k_schemes" --gsm8k-batch 64 --gsm8k-max-tokens 512
+    done
+    ;;
+  niah)
+    study "${2:?model stem}" needle.json --niah \
+      --niah-tasks single_repeat,single_needle,multikey_repeat,multivalue_repeat \
+      --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096,8192}" --niah-trials 20
+    ;;
+  context-kl)
+    study "${2:?model stem}" context_kl.json --context-kl-lengths \
+      "${CONTEXT_KL_LENGTHS:-512,1024,2048,4096,8192}"
+    ;;
+  *)
+    echo "study_long: unknown stage $stage (gsm8k, niah, context-kl)" >&2
+    exit 2
+    ;;
+esac

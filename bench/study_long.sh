@@ -12,12 +12,14 @@
 #   bench/study_long.sh gsm8k [ROUNDS]     Qwen2.5-Coder-1.5B-Instruct, problems
 #                                          in rounds (default 50,100,150,200,250)
 #   bench/study_long.sh niah MODEL_STEM    needle grid: every task, 1K-8K within
-#                                          the model's context, 5 depths, 20 trials
+#                                          the model's context, 5 depths, in rounds
+#                                          of 5, 10 and 20 trials a cell
 #   bench/study_long.sh context-kl MODEL_STEM   KL vs f16 by context length,
 #                                          512 to the model's context
 #
 # MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
-# the environment: KVQ (default build/bin/kvq), THREADS (default 2).
+# the environment: KVQ (default build/bin/kvq), THREADS (default 2),
+# NIAH_CONTEXTS, NIAH_ROUNDS, CONTEXT_KL_LENGTHS.
 # Progress goes to standard error; run it under nohup with a log file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +51,13 @@ case $stage in
     done
     ;;
   niah)
-    study "${2:?model stem}" needle.json --niah \
-      --niah-tasks single_repeat,single_needle,multikey_repeat,multivalue_repeat \
-      --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096,8192}" --niah-trials 20
+    # Rounds of trials (the count is not part of the results' configuration,
+    # so each round only adds trials): the whole grid at 5, then 10, then 20.
+    for trials in $(echo "${NIAH_ROUNDS:-5,10,20}" | tr , ' '); do
+      study "${2:?model stem}" needle.json --niah \
+        --niah-tasks single_repeat,single_needle,multikey_repeat,multivalue_repeat \
+        --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096,8192}" --niah-trials "$trials"
+    done
     ;;
   context-kl)
     study "${2:?model stem}" context_kl.json --context-kl-lengths \

@@ -10,7 +10,8 @@ docs/findings.md mixes prose with blocks the prose may not edit by hand:
 Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M`,
 `needle M`, `gsm8k M` (one model's study; the last three also from
 M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
-and `compare` (every shipped model side by side). `--write` fills the blocks
+`compare` (every shipped model side by side) and `progress` (what the
+resumable runs have recorded under M/results/ so far, per scheme). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when the prose quotes a decimal number (3.14, 2.5x, 96.3%) that no
 generated block of the file contains, so a figure cannot go stale silently.
@@ -175,7 +176,13 @@ def render_needle(study):
     f16 = next(s for s in n["schemes"] if s["name"] == "f16")
     rows = [[t] + [cell_rate([c for c in f16["cells"] if c["task"] == t and c["context"] == ctx])
                    for ctx in n["contexts"]] for t in n["tasks"]]
-    text = (f"f16, correct answers over {len(n['depths'])} depths x {n['trials']} trials per "
+    targets = {}
+    for s in n["schemes"]:
+        for c in s["cells"]:
+            for t, k in c.get("simd_targets", {}).items():
+                targets[t] = targets.get(t, 0) + k
+    text = (f"Trials per SIMD target: {simd_targets(targets)}.\n\n"
+            f"f16, correct answers over {len(n['depths'])} depths x {n['trials']} trials per "
             f"context (a pass needs {pct(n['f16_pass_rate'])}):\n\n" +
             table(["task"] + [str(c) for c in n["contexts"]], rows) +
             f"\n{n['statement']}.\n")
@@ -195,11 +202,53 @@ def render_gsm8k(study):
     g = study["gsm8k"]
     rows = [[f"`{s['name']}`", f"{s['correct']}/{s['problems']}", pct(s["accuracy"]),
              f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
-             fmt(s["mean_generated_tokens"]), s["hit_token_limit"]] for s in g["schemes"]]
+             fmt(s["mean_generated_tokens"]), s["hit_token_limit"],
+             simd_targets(s.get("simd_targets", {}))] for s in g["schemes"]]
     return (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
             f"{'chat template' if g['chat'] else 'plain prompt'}:\n\n" +
             table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
-                   "hit the limit"], rows))
+                   "hit the limit", "answers per SIMD target"], rows))
+
+
+def simd_targets(counts):
+    """{"AVX2": 40, "AVX3_ZEN4": 10} -> "AVX2 40, AVX3_ZEN4 10" ("" = not recorded)."""
+    return ", ".join(f"{t or 'not recorded'} {n}" for t, n in sorted(counts.items()))
+
+
+def scheme_of(stem):
+    """A results file's scheme: its stem without ResultFileStem's 8-digit hash."""
+    return re.sub(r"-[0-9a-f]{8}$", "", stem)
+
+
+def read_lines(path):
+    """The complete JSON lines of a results file (a cut-short last line is not one)."""
+    text = path.read_text()
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def render_progress(study_dir):
+    """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
+    rows = []
+    for folder in sorted(p for p in pathlib.Path(study_dir).iterdir() if (p / "results").is_dir()):
+        results = folder / "results"
+        for stage, unit in (("gsm8k", "problems"), ("context_kl", "lengths")):
+            for f in sorted((results / stage).glob("*.jsonl")):
+                recs = read_lines(f)
+                rows.append((folder.name, stage, scheme_of(f.stem), f"{len(recs)} {unit}", recs))
+        for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
+            recs = [r for f in sorted(d.glob("*.jsonl")) for r in read_lines(f)]
+            cells = len(list(d.glob("*.jsonl")))
+            rows.append((folder.name, "needle", scheme_of(d.name),
+                         f"{len(recs)} trials in {cells} cells", recs))
+    out = []
+    for model, stage, scheme, count, recs in rows:
+        targets = {}
+        for r in recs:
+            targets[r.get("simd_target", "")] = targets.get(r.get("simd_target", ""), 0) + 1
+        out.append([model, stage, f"`{scheme}`", count, simd_targets(targets)])
+    if not out:
+        return "No resumable run has recorded anything yet.\n"
+    return table(["model", "stage", "scheme", "recorded", "per SIMD target"], out)
 
 
 RENDERERS = {"run": render_run, "structure": render_structure, "claims": render_claims,
@@ -224,12 +273,14 @@ def load_studies(study_dir):
     return studies
 
 
-def render(doc, studies):
+def render(doc, studies, study_dir):
     """The document with every block filled; raises on an unknown kind or model."""
     def fill(m):
         kind, model = m.group(2), m.group(3)
         if kind == "compare":
             body = render_compare(studies)
+        elif kind == "progress":
+            body = render_progress(study_dir)
         elif kind in RENDERERS:
             if model not in studies:
                 raise KeyError(f"block '{kind} {model}': no {model}/study.json or section JSON")
@@ -255,7 +306,7 @@ def self_test(study_dir):
     import tempfile
     studies = load_studies(study_dir)
     model = next(n for n in studies if "schemes" in studies[n])
-    good = render(f"<!-- generated: e2e {model} -->\n<!-- end generated -->\n", studies)
+    good = render(f"<!-- generated: e2e {model} -->\n<!-- end generated -->\n", studies, study_dir)
     cases = {"fresh": (good, 0), "stale": (good.replace("|", "| 0.123 |", 3), 1),
              "unbacked figure": (good + "The KL is 98.765.\n", 1)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,6 +316,14 @@ def self_test(study_dir):
             if (main(["", "--check", str(path), study_dir]) != 0) != bool(want):
                 print(f"self-test: the {name} document was {'accepted' if want else 'rejected'}")
                 return 1
+    with tempfile.TemporaryDirectory() as tmp:  # progress counts complete lines only
+        gsm = pathlib.Path(tmp) / "m" / "results" / "gsm8k"
+        gsm.mkdir(parents=True)
+        (gsm / "f16-0123abcd.jsonl").write_text(
+            '{"index": 0, "simd_target": "AVX2"}\n{"index": 1, "simd_target": "AVX2"}\n{"ind')
+        if "| m | gsm8k | `f16` | 2 problems | AVX2 2 |" not in render_progress(tmp):
+            print("self-test: the progress block miscounted:\n" + render_progress(tmp))
+            return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")
         return 1
@@ -284,7 +343,7 @@ def main(argv):
         return 1
     doc = path.read_text()
     try:
-        new = render(doc, studies)
+        new = render(doc, studies, argv[3])
     except KeyError as e:
         print(f"{path}: {e.args[0]}")
         return 1

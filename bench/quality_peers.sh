@@ -16,6 +16,7 @@
 # 30-60 minutes in all; PHASES runs parts side by side. Settings from the
 # environment: KVQ (default build/bin/kvq), LLAMA_BIN (the llama.cpp bin/ with
 # llama-perplexity; default: scripts/build_llama_cpp.sh's), THREADS (2),
+# KVQ_ROWS (a comma list of kvq's row names: only those; default all),
 # HF_WINDOWS (windows for the transformers rows, default CHUNKS: they decode
 # token by token), HF_THREADS (1), CALIB_TEXT (kvq calibrate's text, default the corpus'
 # train split), SKIP_HF=1 (no transformers rows), PHASES (default
@@ -24,7 +25,7 @@
 # A step that succeeded before with the same command is not rerun.
 # Needs: make build, and scripts/setup_peers.sh for the transformers rows.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,21p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,26p "$0"; exit 2; }
 model=$1 text=$2 out=$3 chunks=${4:-8}
 root=$(cd "$(dirname "$0")/.." && pwd)
 kvq=${KVQ:-$root/build/bin/kvq}
@@ -116,9 +117,12 @@ kvq_schemes=(
   "quarot2|--kv-cache-dtype quarot2"
 )
 plan_schemes=("f16|--kv-cache-dtype f16" "${kvq_schemes[@]}")
+# KVQ_ROWS=a,b,...: only these of kvq's rows (the f16 baseline always runs).
+wanted() { [ -z "${KVQ_ROWS:-}" ] || [ "$1" = f16 ] || [[ ",$KVQ_ROWS," == *",$1,"* ]]; }
 for s in "${plan_schemes[@]}"; do
   phase table || break
   name=${s%%|*} flags=${s#*|}
+  wanted "$name" || continue
   type=$(echo "$flags" | sed -E 's/.*--kv-cache-dtype ([^ ]+).*/\1/')
   # shellcheck disable=SC2086
   "$kvq" plan -m "$model" -c 512 $flags --types "$type" --json > "$work/plan_$name.json"
@@ -126,6 +130,7 @@ done
 for s in "${kvq_schemes[@]}"; do
   phase kvq || break
   name=${s%%|*} flags=${s#*|}
+  wanted "$name" || continue
   # shellcheck disable=SC2086
   run "kvq_$name" -- "$kvq" "${kcommon[@]}" $flags --kl-divergence "$work/kvq_f16.logits"
 done

@@ -18,6 +18,7 @@ generated block of the file contains, so a figure cannot go stale silently.
 Usage: render_findings.py --write|--check FINDINGS.md STUDY_DIR | --self-test STUDY_DIR
 """
 import json
+from collections import Counter
 import math
 import pathlib
 import re
@@ -176,11 +177,8 @@ def render_needle(study):
     f16 = next(s for s in n["schemes"] if s["name"] == "f16")
     rows = [[t] + [cell_rate([c for c in f16["cells"] if c["task"] == t and c["context"] == ctx])
                    for ctx in n["contexts"]] for t in n["tasks"]]
-    targets = {}
-    for s in n["schemes"]:
-        for c in s["cells"]:
-            for t, k in c.get("simd_targets", {}).items():
-                targets[t] = targets.get(t, 0) + k
+    targets = sum((Counter(c.get("simd_targets", {})) for s in n["schemes"] for c in s["cells"]),
+                  Counter())
     text = (f"Trials per SIMD target: {simd_targets(targets)}.\n\n"
             f"f16, correct answers over {len(n['depths'])} depths x {n['trials']} trials per "
             f"context (a pass needs {pct(n['f16_pass_rate'])}):\n\n" +
@@ -236,16 +234,13 @@ def render_progress(study_dir):
                 recs = read_lines(f)
                 rows.append((folder.name, stage, scheme_of(f.stem), f"{len(recs)} {unit}", recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
-            recs = [r for f in sorted(d.glob("*.jsonl")) for r in read_lines(f)]
-            cells = len(list(d.glob("*.jsonl")))
+            cells = sorted(d.glob("*.jsonl"))
+            recs = [r for f in cells for r in read_lines(f)]
             rows.append((folder.name, "needle", scheme_of(d.name),
-                         f"{len(recs)} trials in {cells} cells", recs))
-    out = []
-    for model, stage, scheme, count, recs in rows:
-        targets = {}
-        for r in recs:
-            targets[r.get("simd_target", "")] = targets.get(r.get("simd_target", ""), 0) + 1
-        out.append([model, stage, f"`{scheme}`", count, simd_targets(targets)])
+                         f"{len(recs)} trials in {len(cells)} cells", recs))
+    out = [[model, stage, f"`{scheme}`", count,
+            simd_targets(Counter(r.get("simd_target", "") for r in recs))]
+           for model, stage, scheme, count, recs in rows]
     if not out:
         return "No resumable run has recorded anything yet.\n"
     return table(["model", "stage", "scheme", "recorded", "per SIMD target"], out)

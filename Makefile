@@ -58,7 +58,9 @@ peers: build llama-cpp
 	  $(BUILD)/peers/$(PEERS_MODEL)/logs docs/peers/$(PEERS_MODEL)/
 	python3 bench/peers_table.py embed docs/benchmarks.md $(PEERS_MODEL) docs/peers/$(PEERS_MODEL)/peers.md
 
-# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer, built for
+# this CPU's own Highway target only (CMakeLists.txt: every target is checked
+# against the scalar twins by make test).
 # ASAN_SKIP: sweeps that repeat, end to end, code the unit tests already run
 # under the sanitizers (every codec through the fused kernels:
 # PagedKvCache.FusedAttentionMatchesReferenceForEveryCodec; the CLI:

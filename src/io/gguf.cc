@@ -12,8 +12,6 @@
 namespace kvq {
 namespace {
 
-constexpr uint32_t kDefaultAlignment = 32;
-constexpr int kMaxDims = 4;
 // Nested arrays recurse; a cap keeps a hostile file from exhausting the stack.
 constexpr int kMaxArrayDepth = 16;
 
@@ -74,8 +72,6 @@ size_t MinEncodedSize(GgufType type) {
   }
   return 1;
 }
-
-bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 // Sequential little-endian reader over caller-owned bytes.
 class Reader {
@@ -213,20 +209,12 @@ Status ReadValue(Reader& r, GgufType type, int depth, const std::string& what, G
   return Status::Error(what + ": invalid value type");
 }
 
-bool IsUnsigned(GgufType t) {
-  return t == GgufType::kUint8 || t == GgufType::kUint16 || t == GgufType::kUint32 ||
-         t == GgufType::kUint64;
-}
-bool IsSigned(GgufType t) {
-  return t == GgufType::kInt8 || t == GgufType::kInt16 || t == GgufType::kInt32 ||
-         t == GgufType::kInt64;
-}
 bool IsFloat(GgufType t) { return t == GgufType::kFloat32 || t == GgufType::kFloat64; }
 
 // Integer value of `v`, or an error naming `key`.
 StatusOr<int64_t> AsInt(const GgufValue& v, std::string_view key) {
-  if (IsSigned(v.type)) return v.as_int;
-  if (IsUnsigned(v.type)) {
+  if (GgufTypeIsSigned(v.type)) return v.as_int;
+  if (GgufTypeIsUnsigned(v.type)) {
     if (v.as_uint > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return Status::Error("metadata key '" + std::string(key) + "': value " +
                            std::to_string(v.as_uint) + " does not fit in int64");
@@ -239,8 +227,8 @@ StatusOr<int64_t> AsInt(const GgufValue& v, std::string_view key) {
 
 StatusOr<double> AsFloat(const GgufValue& v, std::string_view key) {
   if (IsFloat(v.type)) return v.as_float;
-  if (IsSigned(v.type)) return static_cast<double>(v.as_int);
-  if (IsUnsigned(v.type)) return static_cast<double>(v.as_uint);
+  if (GgufTypeIsSigned(v.type)) return static_cast<double>(v.as_int);
+  if (GgufTypeIsUnsigned(v.type)) return static_cast<double>(v.as_uint);
   return Status::Error("metadata key '" + std::string(key) + "' has type " + GgufTypeName(v.type) +
                        ", expected a number");
 }
@@ -343,11 +331,11 @@ Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
     metadata_.emplace_back(std::move(key), std::move(value));
   }
 
-  alignment_ = kDefaultAlignment;
+  alignment_ = kGgufDefaultAlignment;
   if (const GgufValue* a = Find("general.alignment")) {
     StatusOr<int64_t> v = AsInt(*a, "general.alignment");
     if (!v.ok()) return v.status();
-    if (*v <= 0 || !IsPowerOfTwo(static_cast<uint64_t>(*v)) || *v > (1 << 30)) {
+    if (*v <= 0 || !GgufAlignmentIsValid(static_cast<uint64_t>(*v))) {
       return Status::Error("general.alignment " + std::to_string(*v) +
                            " is not a power of two (up to 2^30)");
     }
@@ -372,11 +360,11 @@ Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
     const std::string what = "tensor '" + t.name + "'";
     uint32_t n_dims = 0;
     KVQ_RETURN_IF_ERROR(r.Read(&n_dims, what + " dimension count"));
-    if (n_dims == 0 || n_dims > kMaxDims) {
+    if (n_dims == 0 || n_dims > kGgufMaxDims) {
       return Status::Error(what + " has " + std::to_string(n_dims) +
                            " dimensions (supported: 1 to 4)");
     }
-    int64_t ne[kMaxDims];
+    int64_t ne[kGgufMaxDims];
     for (uint32_t d = 0; d < n_dims; ++d) {
       KVQ_RETURN_IF_ERROR(r.Read(&ne[d], what + " dimensions"));
     }
@@ -529,7 +517,8 @@ StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_view key
 StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (!v) return Missing(name_, key);
-  if (v->type != GgufType::kArray || !(IsSigned(v->element_type) || IsUnsigned(v->element_type))) {
+  if (v->type != GgufType::kArray ||
+      !(GgufTypeIsSigned(v->element_type) || GgufTypeIsUnsigned(v->element_type))) {
     return WrongType(name_, key, *v, "array of integers");
   }
   std::vector<int64_t> out;
@@ -546,7 +535,8 @@ StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) cons
   const GgufValue* v = Find(key);
   if (!v) return Missing(name_, key);
   if (v->type != GgufType::kArray ||
-      !(IsFloat(v->element_type) || IsSigned(v->element_type) || IsUnsigned(v->element_type))) {
+      !(IsFloat(v->element_type) || GgufTypeIsSigned(v->element_type) ||
+        GgufTypeIsUnsigned(v->element_type))) {
     return WrongType(name_, key, *v, "array of numbers");
   }
   std::vector<double> out;

@@ -32,6 +32,22 @@ enum class GgufType : uint32_t {
   kFloat64 = 12,
 };
 const char* GgufTypeName(GgufType type);
+inline bool GgufTypeIsSigned(GgufType t) {
+  return t == GgufType::kInt8 || t == GgufType::kInt16 || t == GgufType::kInt32 ||
+         t == GgufType::kInt64;
+}
+inline bool GgufTypeIsUnsigned(GgufType t) {
+  return t == GgufType::kUint8 || t == GgufType::kUint16 || t == GgufType::kUint32 ||
+         t == GgufType::kUint64;
+}
+
+// Limits the reader enforces and the writer respects (gguf.md).
+inline constexpr uint32_t kGgufDefaultAlignment = 32;
+inline constexpr uint32_t kGgufMaxDims = 4;
+inline constexpr uint64_t kGgufMaxAlignment = uint64_t{1} << 30;
+inline bool GgufAlignmentIsValid(uint64_t a) {
+  return a != 0 && (a & (a - 1)) == 0 && a <= kGgufMaxAlignment;
+}
 
 // One metadata value. Scalars use the field matching their type family;
 // arrays hold their elements (which may themselves be arrays).

@@ -10,19 +10,6 @@
 namespace kvq {
 namespace {
 
-constexpr size_t kDefaultAlignment = 32;
-constexpr size_t kMaxDims = 4;
-
-bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
-bool IsSigned(GgufType t) {
-  return t == GgufType::kInt8 || t == GgufType::kInt16 || t == GgufType::kInt32 ||
-         t == GgufType::kInt64;
-}
-bool IsUnsigned(GgufType t) {
-  return t == GgufType::kUint8 || t == GgufType::kUint16 || t == GgufType::kUint32 ||
-         t == GgufType::kUint64;
-}
-
 // ggml's type ids (ggml.h).
 uint32_t DTypeToGgml(DType dtype) {
   switch (dtype) {
@@ -213,7 +200,7 @@ Status GgufWriter::AddTensor(std::string name, DType dtype, std::vector<int64_t>
 
 Status GgufWriter::AddTensorFn(std::string name, DType dtype, std::vector<int64_t> shape,
                                std::function<void(uint8_t* out)> fill) {
-  if (shape.empty() || shape.size() > kMaxDims) {
+  if (shape.empty() || shape.size() > kGgufMaxDims) {
     return Status::Error("tensor '" + name + "': rank " + std::to_string(shape.size()) +
                          " (supported: 1 to 4)");
   }
@@ -242,11 +229,11 @@ size_t GgufWriter::PendingTensor::nbytes() const {
 }
 
 Status GgufWriter::Write(const std::string& path) const {
-  size_t alignment = kDefaultAlignment;
+  size_t alignment = kGgufDefaultAlignment;
   for (const auto& [k, v] : metadata_) {
     if (k != "general.alignment") continue;
-    const uint64_t a = IsSigned(v.type) ? static_cast<uint64_t>(v.as_int) : v.as_uint;
-    if (!(IsSigned(v.type) || IsUnsigned(v.type)) || !IsPowerOfTwo(a) || a > (1u << 30)) {
+    const uint64_t a = GgufTypeIsSigned(v.type) ? static_cast<uint64_t>(v.as_int) : v.as_uint;
+    if (!(GgufTypeIsSigned(v.type) || GgufTypeIsUnsigned(v.type)) || !GgufAlignmentIsValid(a)) {
       return Status::Error(path + ": general.alignment must be a power of two");
     }
     alignment = static_cast<size_t>(a);

@@ -23,7 +23,7 @@ ModelConfig Shape(Architecture arch, int64_t layers, int64_t hidden, int64_t hea
   return c;
 }
 
-std::vector<ModelPreset> BuildPresets() {
+std::vector<ModelPreset> BuildModelPresets() {
   constexpr auto kLlama = Architecture::kLlama;
   constexpr auto kQwen2 = Architecture::kQwen2;
   std::vector<ModelPreset> p;
@@ -65,7 +65,7 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 }  // namespace
 
 const std::vector<ModelPreset>& ModelPresets() {
-  static const std::vector<ModelPreset> presets = BuildPresets();  // immutable after init
+  static const std::vector<ModelPreset> presets = BuildModelPresets();  // immutable after init
   return presets;
 }
 

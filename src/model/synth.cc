@@ -44,7 +44,7 @@ ModelConfig WithLlama3(ModelConfig c, double factor) {
   return c;
 }
 
-std::vector<SynthPreset> BuildPresets() {
+std::vector<SynthPreset> BuildSynthPresets() {
   using A = Architecture;
   return {
       {"qwen2.5-0.5b", "Qwen2.5-0.5B shapes",
@@ -226,7 +226,7 @@ uint32_t GgufFileType(DType dtype) {
 }  // namespace
 
 const std::vector<SynthPreset>& SynthPresets() {
-  static const std::vector<SynthPreset> presets = BuildPresets();  // immutable after init
+  static const std::vector<SynthPreset> presets = BuildSynthPresets();  // immutable after init
   return presets;
 }
 

@@ -40,17 +40,12 @@ struct CalibrateFlags {
   std::string command;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvq calibrate: %s\n", message.c_str());
-  return 1;
-}
-
 // --export: vllm writes the fp8 k_scale/v_scale tensors; hf the
 // QuantizedCacheConfig of --export-type with the calibration's provenance.
 int Export(const CalibrateFlags& flags, const KvCalibration& c, const std::string& model) {
   if (flags.export_stack == "vllm") {
     const Status saved = SaveVllmKvScales(c, flags.export_path);
-    if (!saved.ok()) return Fail(saved.message());
+    if (!saved.ok()) return CommandError("calibrate", saved.message());
     std::printf("vLLM fp8 KV scales (model.layers.N.self_attn.k_scale / v_scale) -> %s\n",
                 flags.export_path.c_str());
     return 0;
@@ -61,10 +56,10 @@ int Export(const CalibrateFlags& flags, const KvCalibration& c, const std::strin
   in.model = model;
   in.command = flags.command;
   auto json = HfCacheExportJson(in);
-  if (!json.ok()) return Fail(json.status().message());
+  if (!json.ok()) return CommandError("calibrate", json.status().message());
   std::ofstream out(flags.export_path);
   out << *json;
-  if (!out) return Fail(flags.export_path + ": cannot write the export");
+  if (!out) return CommandError("calibrate", flags.export_path + ": cannot write the export");
   std::printf("transformers QuantizedCacheConfig for %s -> %s\n", flags.export_type.c_str(),
               flags.export_path.c_str());
   return 0;
@@ -72,10 +67,10 @@ int Export(const CalibrateFlags& flags, const KvCalibration& c, const std::strin
 
 int RunCalibrateCommand(const CalibrateFlags& flags) {
   auto text = ReadTextFile(flags.file);
-  if (!text.ok()) return Fail(text.status().message());
+  if (!text.ok()) return CommandError("calibrate", text.status().message());
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
-  if (!loaded.ok()) return Fail(loaded.status().message());
+  if (!loaded.ok()) return CommandError("calibrate", loaded.status().message());
   CalibrateOptions options;
   options.bits = flags.bits;
   options.tokens = flags.tokens;
@@ -86,9 +81,9 @@ int RunCalibrateCommand(const CalibrateFlags& flags) {
   options.fisher_path = flags.fisher;
   options.rotation = flags.rotation;
   auto result = CalibrateKv(*loaded, *text, options);
-  if (!result.ok()) return Fail(result.status().message());
+  if (!result.ok()) return CommandError("calibrate", result.status().message());
   const Status saved = SaveKvCalibration(result->calibration, flags.output);
-  if (!saved.ok()) return Fail(saved.message());
+  if (!saved.ok()) return CommandError("calibrate", saved.message());
   const KvCalibration& c = result->calibration;
   std::printf(
       "kvq calibrate: %s: %lld windows of %lld tokens (%lld calibrated tokens), bits %s, "

@@ -34,24 +34,19 @@ struct PerplexityFlags {
   KvFlags kv;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvq perplexity: %s\n", message.c_str());
-  return 1;
-}
-
 int RunPerplexityCommand(const PerplexityFlags& flags) {
   auto text = ReadTextFile(flags.file);
-  if (!text.ok()) return Fail(text.status().message());
+  if (!text.ok()) return CommandError("perplexity", text.status().message());
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
-  if (!loaded.ok()) return Fail(loaded.status().message());
+  if (!loaded.ok()) return CommandError("perplexity", loaded.status().message());
   auto options = KvFlagsToOptions(flags.kv, flags.context, threads);
-  if (!options.ok()) return Fail(options.status().message());
+  if (!options.ok()) return CommandError("perplexity", options.status().message());
   const KvShape shape = loaded->transformer->kv_shape();
   auto plan = PlanKvType(shape, *options);
-  if (!plan.ok()) return Fail(plan.status().message());
+  if (!plan.ok()) return CommandError("perplexity", plan.status().message());
   auto cache = MakeKvCache(shape, *options);
-  if (!cache.ok()) return Fail(cache.status().message());
+  if (!cache.ok()) return CommandError("perplexity", cache.status().message());
 
   PerplexityOptions popts;
   popts.context = flags.context;
@@ -86,7 +81,7 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
   auto result = RunPerplexity(*loaded, **cache, *text, popts, on_window);
   if (!result.ok()) {
     if (live) std::fputc('\n', stderr);
-    return Fail(result.status().message());
+    return CommandError("perplexity", result.status().message());
   }
   const PerplexityResult& r = *result;
   std::printf(

@@ -59,11 +59,6 @@ struct Row {
   StatusOr<KvTypePlan> plan;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvq plan: %s\n", message.c_str());
-  return 1;
-}
-
 int RunPlan(const PlanFlags& flags) {
   if (flags.list_presets) {
     for (const ModelPreset& p : ModelPresets()) {
@@ -72,13 +67,14 @@ int RunPlan(const PlanFlags& flags) {
     return 0;
   }
   const std::string target = flags.model.empty() ? DefaultModelPath() : flags.model;
-  if (target.empty()) return Fail("no model given and the default model was not found; pass -m");
+  if (target.empty())
+    return CommandError("plan", "no model given and the default model was not found; pass -m");
   auto model = LoadPlanModel(target);
-  if (!model.ok()) return Fail(model.status().message());
+  if (!model.ok()) return CommandError("plan", model.status().message());
   const ModelConfig& c = model->config;
   const KvShape shape = PlanKvShape(c);
   const int64_t context = flags.context > 0 ? flags.context : c.max_position_embeddings;
-  if (flags.batch < 1) return Fail("--batch must be at least 1");
+  if (flags.batch < 1) return CommandError("plan", "--batch must be at least 1");
 
   // Weights: the file's bytes, or the preset in the chosen dtype.
   double weight_bytes = 0;
@@ -94,7 +90,7 @@ int RunPlan(const PlanFlags& flags) {
         found = true;
       }
     }
-    if (!found) return Fail("--weights-dtype must be f32, f16, bf16 or q8_0");
+    if (!found) return CommandError("plan", "--weights-dtype must be f32, f16, bf16 or q8_0");
     weight_label = flags.weights_dtype;
   }
   const double ram = PhysicalRamBytes();
@@ -106,14 +102,14 @@ int RunPlan(const PlanFlags& flags) {
       // Same syntax as --kv-memory; name the flag the user actually gave.
       std::string message = parsed.status().message();
       if (message.rfind("--kv-memory", 0) == 0) message.replace(0, 11, "--memory");
-      return Fail(message);
+      return CommandError("plan", message);
     }
     memory = static_cast<double>(*parsed);
     memory_label = "--memory " + flags.memory;
   }
 
   auto options = KvFlagsToOptions(flags.kv, context, 0);
-  if (!options.ok()) return Fail(options.status().message());
+  if (!options.ok()) return CommandError("plan", options.status().message());
   {
     // Warn before anything can fail, so the advice shows with any error.
     auto k_bits = NominalBits(options->k_type);
@@ -125,7 +121,7 @@ int RunPlan(const PlanFlags& flags) {
     }
   }
   auto selected = PlanKvType(shape, *options);
-  if (!selected.ok()) return Fail(selected.status().message());
+  if (!selected.ok()) return CommandError("plan", selected.status().message());
 
   std::vector<Row> rows;
   for (const std::string& t : flags.types.empty() ? DefaultPlanTypes() : flags.types) {

@@ -47,11 +47,6 @@ struct ServeFlags {
   KvFlags kv;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvq serve: %s\n", message.c_str());
-  return 1;
-}
-
 // The drain a load balancer needs (docs/ARCHITECTURE.md, "Shutdown"): at
 // once /health answers 503 and every new completion 503 + Connection: close
 // (nginx's proxy_next_upstream http_503 sends it to another replica); what
@@ -135,21 +130,21 @@ int RunServe(const ServeFlags& flags) {
 
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
-  if (!loaded.ok()) return Fail(loaded.status().message());
+  if (!loaded.ok()) return CommandError("serve", loaded.status().message());
   const ModelConfig& config = loaded->transformer->config();
   int64_t max_model_len = config.max_position_embeddings;
   if (flags.max_model_len > 0) {
     if (flags.max_model_len > config.max_position_embeddings) {
-      return Fail("--max-model-len " + std::to_string(flags.max_model_len) +
-                  " exceeds the model's context of " +
-                  std::to_string(config.max_position_embeddings));
+      return CommandError("serve", "--max-model-len " + std::to_string(flags.max_model_len) +
+                                       " exceeds the model's context of " +
+                                       std::to_string(config.max_position_embeddings));
     }
     max_model_len = flags.max_model_len;
   }
   auto kv_options = KvFlagsToOptions(flags.kv, max_model_len, threads);
-  if (!kv_options.ok()) return Fail(kv_options.status().message());
+  if (!kv_options.ok()) return CommandError("serve", kv_options.status().message());
   auto cache = MakeKvCache(loaded->transformer->kv_shape(), *kv_options);
-  if (!cache.ok()) return Fail(cache.status().message());
+  if (!cache.ok()) return CommandError("serve", cache.status().message());
 
   SchedulerOptions scheduler_options;
   scheduler_options.max_num_seqs = flags.max_num_seqs;
@@ -159,10 +154,11 @@ int RunServe(const ServeFlags& flags) {
   scheduler_options.enable_prefix_caching = flags.enable_prefix_caching;
   auto scheduler =
       Scheduler::Create(*loaded->transformer, *loaded->tokenizer, **cache, scheduler_options);
-  if (!scheduler.ok()) return Fail(scheduler.status().message());
+  if (!scheduler.ok()) return CommandError("serve", scheduler.status().message());
   if (!(*scheduler)->prefix_caching_note().empty()) {
     if (flags.prefix_caching_explicit) {
-      return Fail("--enable-prefix-caching: " + (*scheduler)->prefix_caching_note());
+      return CommandError("serve",
+                          "--enable-prefix-caching: " + (*scheduler)->prefix_caching_note());
     }
     std::fprintf(stderr, "kvq serve: prefix caching off: %s\n",
                  (*scheduler)->prefix_caching_note().c_str());
@@ -173,10 +169,10 @@ int RunServe(const ServeFlags& flags) {
   EngineLoop engine(std::move(scheduler).value(), **cache, loop_options);
 
   auto http_options = MakeHttpOptions(flags, loaded->path);
-  if (!http_options.ok()) return Fail(http_options.status().message());
+  if (!http_options.ok()) return CommandError("serve", http_options.status().message());
   HttpServer http(*loaded, engine, *http_options);
   auto port = http.Bind();
-  if (!port.ok()) return Fail(port.status().message());
+  if (!port.ok()) return CommandError("serve", port.status().message());
   engine.Start();
 
   const KvUsage usage = (*cache)->Usage();

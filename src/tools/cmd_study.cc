@@ -82,11 +82,6 @@ struct StudyFlags {
   int64_t context_kl_positions = 2048;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvq study: %s\n", message.c_str());
-  return 1;
-}
-
 std::string CommandLine() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -370,34 +365,36 @@ std::string JsonPathFor(const std::string& json, const std::string& model, size_
 int RunStudyCommand(const StudyFlags& flags) {
   std::vector<nlohmann::json> studies;
   if (!flags.compare.empty()) {
-    if (!flags.models.empty()) return Fail("--compare reads study JSONs: no -m with it");
-    if (flags.report.empty()) return Fail("--compare needs --report OUT.html");
+    if (!flags.models.empty())
+      return CommandError("study", "--compare reads study JSONs: no -m with it");
+    if (flags.report.empty()) return CommandError("study", "--compare needs --report OUT.html");
     for (const std::string& path : flags.compare) {
       auto text = ReadTextFile(path);
-      if (!text.ok()) return Fail(text.status().message());
+      if (!text.ok()) return CommandError("study", text.status().message());
       nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-      if (j.is_discarded()) return Fail(path + ": not valid JSON");
+      if (j.is_discarded()) return CommandError("study", path + ": not valid JSON");
       studies.push_back(std::move(j));
     }
   } else {
     std::vector<std::string> models = flags.models;
     if (models.empty()) {
       const std::string path = DefaultModelPath();
-      if (path.empty()) return Fail("no model given and the default model was not found; pass -m");
+      if (path.empty())
+        return CommandError("study", "no model given and the default model was not found; pass -m");
       models.push_back(path);
     }
     for (size_t i = 0; i < models.size(); ++i) {
       const std::string json =
           models.size() == 1 ? flags.json : JsonPathFor(flags.json, models[i], i);
       auto result = RunOneStudy(flags, models[i], json);
-      if (!result.ok()) return Fail(models[i] + ": " + result.status().message());
+      if (!result.ok()) return CommandError("study", models[i] + ": " + result.status().message());
       studies.push_back(std::move(result).value());
     }
   }
   if (!flags.report.empty()) {
     Status st = studies.size() == 1 ? WriteStudyReport(studies[0], flags.report)
                                     : WriteComparisonReport(studies, flags.report);
-    if (!st.ok()) return Fail(st.message());
+    if (!st.ok()) return CommandError("study", st.message());
     std::printf("report: %s\n", flags.report.c_str());
   }
   return 0;

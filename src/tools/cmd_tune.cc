@@ -39,11 +39,6 @@ struct TuneFlags {
   std::string scales;                    // --export-scales FILE (vllm)
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvq tune: %s\n", message.c_str());
-  return 1;
-}
-
 std::vector<std::string> SplitList(const std::string& text) {
   std::vector<std::string> items;
   std::stringstream in(text);
@@ -56,14 +51,15 @@ std::vector<std::string> SplitList(const std::string& text) {
 
 int RunTuneCommand(const TuneFlags& flags) {
   auto text = ReadTextFile(flags.file);
-  if (!text.ok()) return Fail(text.status().message());
+  if (!text.ok()) return CommandError("tune", text.status().message());
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
-  if (!loaded.ok()) return Fail(loaded.status().message());
+  if (!loaded.ok()) return CommandError("tune", loaded.status().message());
   const int64_t model_context = loaded->transformer->config().max_position_embeddings;
   if (flags.context < 4 || flags.context % 2 != 0 || flags.context > model_context) {
-    return Fail("--ctx " + std::to_string(flags.context) + ": need an even number in [4, " +
-                std::to_string(model_context) + "] (the model's context)");
+    return CommandError("tune", "--ctx " + std::to_string(flags.context) +
+                                    ": need an even number in [4, " +
+                                    std::to_string(model_context) + "] (the model's context)");
   }
   TuneOptions options;
   options.k_candidates = SplitList(flags.k_candidates);
@@ -77,7 +73,7 @@ int RunTuneCommand(const TuneFlags& flags) {
   const std::filesystem::path work =
       std::filesystem::temp_directory_path(ec) / ("kvq-tune-" + std::to_string(getpid()));
   std::filesystem::create_directories(work, ec);
-  if (ec) return Fail("cannot create a temporary folder: " + ec.message());
+  if (ec) return CommandError("tune", "cannot create a temporary folder: " + ec.message());
   options.work_dir = work.string();
   const bool live = isatty(STDERR_FILENO) != 0;
   auto progress = [live](const std::string& line) {
@@ -87,7 +83,7 @@ int RunTuneCommand(const TuneFlags& flags) {
   auto result = RunTune(*loaded, *text, options, progress);
   std::filesystem::remove_all(work, ec);
   if (live) std::fputc('\n', stderr);
-  if (!result.ok()) return Fail(result.status().message());
+  if (!result.ok()) return CommandError("tune", result.status().message());
   const TuneResult& r = *result;
 
   std::printf("model:     %s\ncalibration: %s, %lld windows of %lld tokens, f16 PPL %.4f\n",
@@ -113,13 +109,13 @@ int RunTuneCommand(const TuneFlags& flags) {
       r.best.bytes_per_token, r.f16_bytes_per_token / r.best.bytes_per_token, r.best.measured_kl,
       r.best.top1_percent);
   std::ofstream out(flags.output);
-  if (!out) return Fail(flags.output + ": cannot write the policy file");
+  if (!out) return CommandError("tune", flags.output + ": cannot write the policy file");
   out << "# kvq tune policy (use with --kv-policy " << flags.output << ")\n"
       << "# " << flags.command << "\n"
       << "# budget mean KL <= " << flags.kl_budget << "; measured KL " << r.best.measured_kl << ", "
       << r.best.bytes_per_token << " B/token (f16 " << r.f16_bytes_per_token << ")\n"
       << r.best.policy;
-  if (!out) return Fail(flags.output + ": write failed");
+  if (!out) return CommandError("tune", flags.output + ": write failed");
   std::printf("policy:    %s\n%s", flags.output.c_str(), r.best.policy.c_str());
   if (flags.export_args.empty()) return 0;
   KvExportInput in;
@@ -129,10 +125,10 @@ int RunTuneCommand(const TuneFlags& flags) {
   in.command = flags.command;
   const bool hf = flags.export_args[0] == "hf";
   auto json = hf ? HfCacheExportJson(in) : VllmCacheExportJson(in, flags.scales);
-  if (!json.ok()) return Fail(json.status().message());
+  if (!json.ok()) return CommandError("tune", json.status().message());
   std::ofstream exported(flags.export_args[1]);
   exported << *json;
-  if (!exported) return Fail(flags.export_args[1] + ": cannot write the export");
+  if (!exported) return CommandError("tune", flags.export_args[1] + ": cannot write the export");
   std::printf("export:    %s (%s)\n", flags.export_args[1].c_str(),
               hf ? "transformers QuantizedCacheConfig" : "vLLM --kv-cache-dtype");
   return 0;

@@ -4,12 +4,20 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
 
 namespace kvq {
 
 struct CommandContext {
   int exit_code = 0;
 };
+
+// Prints "kvq COMMAND: MESSAGE" to stderr and returns the exit code 1.
+inline int CommandError(const char* command, const std::string& message) {
+  std::fprintf(stderr, "kvq %s: %s\n", command, message.c_str());
+  return 1;
+}
 
 // Checks every numeric flag shares (tools/flag_checks.cc).
 // -t/--threads: 0 = all cores, else 1..kMaxThreads. More OpenMP threads than

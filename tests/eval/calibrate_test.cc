@@ -15,25 +15,12 @@
 #include "io/safetensors.h"
 #include "kv/kv_factory.h"
 #include "model/synth.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string TempPath(const std::string& name) {
-  return (fs::path(KVQ_BINARY_DIR) / ("calibrate_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-std::string Text(size_t bytes) {
-  static const char* kWords[] = {"the ", "cache ", "stores ", "keys ",      "and ",   "values ",
-                                 "per ", "token ", "while ",  "attention ", "reads ", "them, "};
-  std::string s;
-  for (size_t i = 0; s.size() < bytes; ++i) s += kWords[(i * 7 + i / 3) % 12];
-  s.resize(bytes);
-  return s;
-}
 
 StatusOr<LoadedModel> SynthModel(const std::string& path, int64_t layers) {
   KVQ_ASSIGN_OR_RETURN(auto preset, FindSynthPreset("tiny-qwen2"));
@@ -48,8 +35,9 @@ StatusOr<LoadedModel> SynthModel(const std::string& path, int64_t layers) {
 }
 
 TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
-  const std::string model_path = TempPath("model.gguf"), other_path = TempPath("other.gguf");
-  const std::string calib_path = TempPath("calib.safetensors");
+  const std::string model_path = test_util::TestPath("calibrate_test", "model.gguf"),
+                    other_path = test_util::TestPath("calibrate_test", "other.gguf");
+  const std::string calib_path = test_util::TestPath("calibrate_test", "calib.safetensors");
   auto model = SynthModel(model_path, 2);
   ASSERT_TRUE(model.ok()) << model.status().message();
   const KvShape shape = model->transformer->kv_shape();
@@ -60,8 +48,9 @@ TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
   options.context = 64;
   options.tokens = 128;
   options.qnorm = true;
-  EXPECT_FALSE(CalibrateKv(*model, Text(20), options).ok());  // shorter than one window
-  auto result = CalibrateKv(*model, Text(400), options);
+  EXPECT_FALSE(
+      CalibrateKv(*model, test_util::WordText(20), options).ok());  // shorter than one window
+  auto result = CalibrateKv(*model, test_util::WordText(400), options);
   ASSERT_TRUE(result.ok()) << result.status().message();
   const KvCalibration& c = result->calibration;
   EXPECT_EQ(result->windows, 2);
@@ -81,7 +70,7 @@ TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
   ASSERT_TRUE(cache.ok()) << cache.status().message();
   PerplexityOptions ppl_options;
   ppl_options.context = 64;
-  auto ppl = RunPerplexity(*model, **cache, Text(400), ppl_options);
+  auto ppl = RunPerplexity(*model, **cache, test_util::WordText(400), ppl_options);
   ASSERT_TRUE(ppl.ok()) << ppl.status().message();
   EXPECT_TRUE(std::isfinite(ppl->ppl) && ppl->ppl > 1.0) << ppl->ppl;
 
@@ -105,8 +94,8 @@ TEST(Calibrate, FileFeedsKvQuantPerplexityAndRejectsOtherModels) {
 // KV head) for K and for V under each objective, none with "none"; an
 // oscar-int2 cache built from the file runs the model.
 TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
-  const std::string model_path = TempPath("oscar_model.gguf");
-  const std::string calib_path = TempPath("oscar_calib.safetensors");
+  const std::string model_path = test_util::TestPath("calibrate_test", "oscar_model.gguf");
+  const std::string calib_path = test_util::TestPath("calibrate_test", "oscar_calib.safetensors");
   auto model = SynthModel(model_path, 2);
   ASSERT_TRUE(model.ok()) << model.status().message();
   const KvShape shape = model->transformer->kv_shape();
@@ -116,11 +105,11 @@ TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
   options.context = 64;
   options.tokens = 128;
   options.rotation = "bogus";
-  EXPECT_FALSE(CalibrateKv(*model, Text(400), options).ok());
+  EXPECT_FALSE(CalibrateKv(*model, test_util::WordText(400), options).ok());
   for (const char* objective : {"qqt_sst", "ktk_vtv", "none"}) {
     SCOPED_TRACE(objective);
     options.rotation = objective;
-    auto result = CalibrateKv(*model, Text(400), options);
+    auto result = CalibrateKv(*model, test_util::WordText(400), options);
     ASSERT_TRUE(result.ok()) << result.status().message();
     const KvCalibration& c = result->calibration;
     if (std::string(objective) == "none") {
@@ -146,7 +135,7 @@ TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
     ASSERT_TRUE(cache.ok()) << cache.status().message();
     PerplexityOptions ppl_options;
     ppl_options.context = 64;
-    auto ppl = RunPerplexity(*model, **cache, Text(400), ppl_options);
+    auto ppl = RunPerplexity(*model, **cache, test_util::WordText(400), ppl_options);
     ASSERT_TRUE(ppl.ok()) << ppl.status().message();
     EXPECT_TRUE(std::isfinite(ppl->ppl) && ppl->ppl > 1.0) << ppl->ppl;
   }
@@ -154,12 +143,12 @@ TEST(Calibrate, FitsOscarRotationsThatFeedAnOscarCache) {
 }
 
 TEST(Calibrate, FisherFileMustMatchTheTokensAndShapes) {
-  const std::string model_path = TempPath("fisher_model.gguf");
-  const std::string fisher_path = TempPath("fisher.safetensors");
+  const std::string model_path = test_util::TestPath("calibrate_test", "fisher_model.gguf");
+  const std::string fisher_path = test_util::TestPath("calibrate_test", "fisher.safetensors");
   auto model = SynthModel(model_path, 2);
   ASSERT_TRUE(model.ok()) << model.status().message();
   const KvShape shape = model->transformer->kv_shape();
-  const std::string text = Text(200);
+  const std::string text = test_util::WordText(200);
   const int64_t ctx = 64, rows = ctx - 1;
   std::vector<int32_t> tokens = PerplexityTokens(*model, text);
   tokens.resize(ctx);  // one window (the synthetic model adds no BOS)

@@ -13,27 +13,12 @@
 #include "kv/dense_cache.h"
 #include "kv/kv_factory.h"
 #include "model/synth.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string TempPath(const std::string& name) {
-  return (fs::path(KVQ_BINARY_DIR) / ("perplexity_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-// Deterministic ASCII text; with the byte-level test vocabulary one byte is
-// one token, so its length is its token count.
-std::string Text(size_t bytes) {
-  static const char* kWords[] = {"the ", "cache ", "stores ", "keys ",      "and ",   "values ",
-                                 "per ", "token ", "while ",  "attention ", "reads ", "them, "};
-  std::string s;
-  for (size_t i = 0; s.size() < bytes; ++i) s += kWords[(i * 7 + i / 3) % 12];
-  s.resize(bytes);
-  return s;
-}
 
 // A tiny random-weight Qwen2 with a 257-token byte vocabulary (no BOS added,
 // as Qwen2), written once per process.
@@ -44,7 +29,7 @@ class PerplexityTest : public testing::Test {
     ASSERT_TRUE(preset.ok());
     ModelConfig config = preset->config;
     config.max_position_embeddings = 64;
-    path_ = new std::string(TempPath("tiny.gguf"));
+    path_ = new std::string(test_util::TestPath("perplexity_test", "tiny.gguf"));
     SynthOptions options;
     options.seed = 11;
     ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
@@ -77,7 +62,7 @@ class PerplexityTest : public testing::Test {
     return RunPerplexity(model_, *cache, text, options);
   }
   std::string File(const std::string& name) {
-    files_.push_back(TempPath(name));
+    files_.push_back(test_util::TestPath("perplexity_test", name));
     return files_.back();
   }
 
@@ -133,7 +118,7 @@ Reference BruteForce(LoadedModel& model, const std::string& text, int64_t ctx) {
 // matmuls: logits move by ~hidden * 2^-24 relative (~1e-6 at hidden 64), so
 // PPL agrees to well within 1e-5 relative.
 TEST_F(PerplexityTest, StreamingEqualsBruteForceReference) {
-  const std::string text = Text(32 * 9 + 7);  // 9 windows and a dropped tail
+  const std::string text = test_util::WordText(32 * 9 + 7);  // 9 windows and a dropped tail
   const Reference ref = BruteForce(model_, text, 32);
   PerplexityOptions options;
   options.context = 32;
@@ -163,7 +148,7 @@ TEST_F(PerplexityTest, StreamingEqualsBruteForceReference) {
 // max(delta) - min(delta) <= 2 max|delta| <= 2^-10 (1 + 2^-12) M + 2^-24, M
 // the largest |log-prob| of any scored row (from the reference).
 TEST_F(PerplexityTest, KlAgainstItsOwnSavedLogitsIsBoundedByF16Storage) {
-  const std::string text = Text(32 * 4);
+  const std::string text = test_util::WordText(32 * 4);
   const Reference ref = BruteForce(model_, text, 32);
   PerplexityOptions options;
   options.context = 32;
@@ -195,7 +180,7 @@ TEST_F(PerplexityTest, KlAgainstItsOwnSavedLogitsIsBoundedByF16Storage) {
 // "Small": a ~2^-11 relative change of logits that are O(1) gives a KL of
 // order (2^-11)^2; 1e-4 leaves ample headroom.
 TEST_F(PerplexityTest, KlAgainstAnotherCacheTypeIsSmallButPositive) {
-  const std::string text = Text(32 * 4);
+  const std::string text = test_util::WordText(32 * 4);
   PerplexityOptions options;
   options.context = 32;
   options.save_logits_path = File("f32.logits");
@@ -213,7 +198,7 @@ TEST_F(PerplexityTest, KlAgainstAnotherCacheTypeIsSmallButPositive) {
 }
 
 TEST_F(PerplexityTest, MismatchedLogitsFilesAreClearErrors) {
-  const std::string text = Text(32 * 3);
+  const std::string text = test_util::WordText(32 * 3);
   PerplexityOptions options;
   options.context = 32;
   options.max_windows = 2;
@@ -269,7 +254,7 @@ TEST_F(PerplexityTest, MismatchedLogitsFilesAreClearErrors) {
   fs::resize_file(truncated, fs::file_size(base) - 3);
   g.kl_base_path = truncated;
   EXPECT_NE(error_of(text, g).find("truncated"), std::string::npos);
-  g.kl_base_path = TempPath("missing.logits");
+  g.kl_base_path = test_util::TestPath("perplexity_test", "missing.logits");
   EXPECT_NE(error_of(text, g).find("missing.logits"), std::string::npos);
 }
 
@@ -283,10 +268,11 @@ TEST_F(PerplexityTest, BadInputsAreClearErrors) {
     return r.ok() ? std::string() : r.status().message();
   };
   EXPECT_NE(error_of("", 32).find("empty"), std::string::npos);
-  EXPECT_NE(error_of(Text(31), 32).find("fewer than one window"), std::string::npos);
-  EXPECT_NE(error_of(Text(100), 31).find("even"), std::string::npos);
-  EXPECT_NE(error_of(Text(200), 128).find("exceeds the model's context of 64"), std::string::npos);
-  EXPECT_NE(error_of(Text(100), 2).find("at least 4"), std::string::npos);
+  EXPECT_NE(error_of(test_util::WordText(31), 32).find("fewer than one window"), std::string::npos);
+  EXPECT_NE(error_of(test_util::WordText(100), 31).find("even"), std::string::npos);
+  EXPECT_NE(error_of(test_util::WordText(200), 128).find("exceeds the model's context of 64"),
+            std::string::npos);
+  EXPECT_NE(error_of(test_util::WordText(100), 2).find("at least 4"), std::string::npos);
 }
 
 // A model whose tokenizer adds BOS (Llama-3's vocabulary): the text starts
@@ -301,7 +287,7 @@ TEST(PerplexityBos, EachWindowStartsWithBos) {
   ASSERT_TRUE(preset.ok());
   ModelConfig config = preset->config;
   config.max_position_embeddings = 32;
-  const std::string path = TempPath("bos.gguf");
+  const std::string path = test_util::TestPath("perplexity_test", "bos.gguf");
   ASSERT_TRUE(WriteSynthGguf(config, vocab->get(), SynthOptions{}, path).ok());
   auto model = LoadModel(path, 2);
   ASSERT_TRUE(model.ok()) << model.status().message();
@@ -315,8 +301,8 @@ TEST(PerplexityBos, EachWindowStartsWithBos) {
   PerplexityOptions options;
   options.context = 8;
   options.max_windows = 3;
-  options.save_logits_path = TempPath("bos.logits");
-  const std::string text = Text(400);
+  options.save_logits_path = test_util::TestPath("perplexity_test", "bos.logits");
+  const std::string text = test_util::WordText(400);
   auto result = RunPerplexity(*model, **cache, text, options);
   ASSERT_TRUE(result.ok()) << result.status().message();
   EXPECT_TRUE(result->bos_per_window);

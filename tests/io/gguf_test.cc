@@ -9,20 +9,10 @@
 #include <random>
 
 #include "base/fp16.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
-
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("kvq_gguf_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-std::vector<uint8_t> ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
 
 GgufValue Int(GgufType t, int64_t v) {
   GgufValue x;
@@ -102,9 +92,9 @@ void BuildSample(GgufWriter& w) {
 std::vector<uint8_t> SampleBytes() {
   GgufWriter w;
   BuildSample(w);
-  const std::string path = TempPath("sample.gguf");
+  const std::string path = test_util::TestPath("kvq_gguf_test", "sample.gguf");
   EXPECT_TRUE(w.Write(path).ok());
-  std::vector<uint8_t> bytes = ReadBytes(path);
+  std::vector<uint8_t> bytes = test_util::ReadFileBytes(path);
   std::filesystem::remove(path);
   return bytes;
 }
@@ -112,7 +102,7 @@ std::vector<uint8_t> SampleBytes() {
 TEST(GgufTest, RoundTripEveryType) {
   GgufWriter w;
   BuildSample(w);
-  const std::string path = TempPath("roundtrip.gguf");
+  const std::string path = test_util::TestPath("kvq_gguf_test", "roundtrip.gguf");
   ASSERT_TRUE(w.Write(path).ok());
   auto file_or = GgufFile::Open(path);
   ASSERT_TRUE(file_or.ok()) << file_or.status().message();
@@ -199,7 +189,7 @@ TEST(GgufTest, BlockTypesRoundTrip) {
         << DTypeName(t.dtype);
     EXPECT_FALSE(w.AddTensor("bad", t.dtype, {2, t.block / 2}, data.data(), data.size() / 2).ok());
   }
-  const std::string path = TempPath("blocks.gguf");
+  const std::string path = test_util::TestPath("kvq_gguf_test", "blocks.gguf");
   ASSERT_TRUE(w.Write(path).ok());
   auto f = GgufFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().message();
@@ -219,7 +209,7 @@ TEST(GgufTest, CustomAlignment) {
   float x[3] = {1, 2, 3};
   ASSERT_TRUE(w.AddTensor("a", DType::kF32, {3}, x, 12).ok());
   ASSERT_TRUE(w.AddTensor("b", DType::kF32, {3}, x, 12).ok());
-  const std::string path = TempPath("align.gguf");
+  const std::string path = test_util::TestPath("kvq_gguf_test", "align.gguf");
   ASSERT_TRUE(w.Write(path).ok());
   auto f = GgufFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().message();
@@ -239,8 +229,8 @@ TEST(GgufTest, WriterRejectsBadInput) {
   ASSERT_TRUE(w.AddTensor("a", DType::kF32, {4}, x, 16).ok());
   EXPECT_FALSE(w.AddTensor("a", DType::kF32, {4}, x, 16).ok());  // duplicate
   w.SetValue("mixed", Array(GgufType::kInt32, {Str("no")}));
-  EXPECT_FALSE(w.Write(TempPath("bad.gguf")).ok());
-  std::filesystem::remove(TempPath("bad.gguf"));
+  EXPECT_FALSE(w.Write(test_util::TestPath("kvq_gguf_test", "bad.gguf")).ok());
+  std::filesystem::remove(test_util::TestPath("kvq_gguf_test", "bad.gguf"));
 }
 
 // --- Corrupt inputs -----------------------------------------------------------

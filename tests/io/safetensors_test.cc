@@ -8,6 +8,8 @@
 #include <fstream>
 #include <random>
 
+#include "test_util.h"
+
 namespace kvq {
 namespace {
 
@@ -26,10 +28,6 @@ class SafetensorsTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::vector<uint8_t> ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
 }
@@ -205,7 +203,7 @@ TEST_F(SafetensorsTest, TruncationsAndFlipsNeverCrash) {
           .ok());
   ASSERT_TRUE(w.AddTensor("b", DType::kBF16, {2}, a, 4).ok());
   ASSERT_TRUE(w.Write(Path("x.safetensors")).ok());
-  const std::vector<uint8_t> full = ReadBytes(Path("x.safetensors"));
+  const std::vector<uint8_t> full = test_util::ReadFileBytes(Path("x.safetensors"));
   for (size_t n = 0; n < full.size(); ++n) {
     std::vector<uint8_t> cut(full.begin(), full.begin() + n);
     auto f = SafetensorsFile::Parse(cut.data(), cut.size(), "x");

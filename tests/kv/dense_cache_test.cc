@@ -13,7 +13,7 @@
 namespace kvq {
 namespace {
 
-struct Case {
+struct DenseCase {
   int64_t heads, kv_heads, head_dim;
   std::vector<int64_t> chunks;  // tokens appended per step (prefill, then decode steps)
 };
@@ -21,7 +21,7 @@ struct Case {
 // Appends chunks the way a forward pass does and compares every Attend with
 // AttentionRef over the values the cache actually stores (for f16: the
 // rounded values), so the only difference left is summation order in f32.
-void CheckAgainstReference(DenseKvType type, const Case& c, uint32_t seed) {
+void CheckAgainstReference(DenseKvType type, const DenseCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   const KvShape shape{1, c.heads, c.kv_heads, c.head_dim};
   auto cache = MakeDenseKvCache(shape, type, 4096);
@@ -55,13 +55,13 @@ void CheckAgainstReference(DenseKvType type, const Case& c, uint32_t seed) {
 }
 
 TEST(DenseKvCache, MatchesReferenceAcrossShapesAndGqaRatios) {
-  const std::vector<Case> cases = {
+  const std::vector<DenseCase> cases = {
       {1, 1, 64, {1, 1, 1}},          {2, 2, 64, {7, 1, 1}},    {14, 2, 64, {33, 1, 1, 1}},
       {8, 1, 128, {300, 1}},          {6, 3, 64, {5, 2, 1}},    {32, 8, 128, {17, 1}},
       {7, 1, 32, {1, 1, 1, 1, 1, 1}}, {4, 4, 128, {64, 64, 1}},
   };
   uint32_t seed = 1;
-  for (const Case& c : cases) {
+  for (const DenseCase& c : cases) {
     for (DenseKvType type : {DenseKvType::kF32, DenseKvType::kF16}) {
       SCOPED_TRACE(testing::Message() << "heads " << c.heads << " kv " << c.kv_heads << " dim "
                                       << c.head_dim << " type " << static_cast<int>(type));

@@ -239,8 +239,8 @@ TEST(GearCodec, LowRankTermRemovesStructuredResidual) {
 // part's f32 rounding is at most gamma_K times the sum of the absolute
 // products it combines (recursive summation), K = d + 2r + 8 covering the
 // longest chain; M below is that absolute sum.
-void ExpectFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& rows, int64_t n,
-                            int64_t group, std::mt19937& rng, const std::string& what) {
+void ExpectGearFusedMatchDecode(const KvCodec& codec, const std::vector<uint8_t>& rows, int64_t n,
+                                int64_t group, std::mt19937& rng, const std::string& what) {
   const int64_t dim = codec.head_dim();
   const std::vector<float> x = DecodeAll(codec, rows, n);
   auto parts = codec::GearDecodeParts(codec, rows.data(), n);
@@ -324,8 +324,8 @@ TEST(GearCodec, FusedKernelsMatchDecodeOnBothPaths) {
         const int64_t group = 1 + static_cast<int64_t>(rng() % 8);
         const std::string what = std::string(name) + " dim " + std::to_string(dim) + " prefix " +
                                  std::to_string(prefix) + " group " + std::to_string(group);
-        ExpectFusedMatchDecode(*fast, rows, prefix, group, rng, what + " simd");
-        ExpectFusedMatchDecode(*ref, rows, prefix, group, rng, what + " ref");
+        ExpectGearFusedMatchDecode(*fast, rows, prefix, group, rng, what + " simd");
+        ExpectGearFusedMatchDecode(*ref, rows, prefix, group, rng, what + " ref");
       }
     }
   }

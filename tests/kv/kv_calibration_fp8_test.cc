@@ -17,15 +17,10 @@
 #include "kv/codec_formats.h"
 #include "kv/kv_calibration.h"
 #include "kv_test_util.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
-
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("kvq_fp8cal_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
 
 // A minimal valid calibration: 2 layers, 1 KV head, head_dim 32, 2-bit books.
 KvCalibration Minimal() {
@@ -45,7 +40,7 @@ KvCalibration Minimal() {
 
 TEST(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
   const KvCalibration c = Minimal();
-  const std::string path = TempPath("v2.safetensors");
+  const std::string path = test_util::TestPath("kvq_fp8cal", "v2.safetensors");
   ASSERT_TRUE(SaveKvCalibration(c, path).ok());
   auto loaded = LoadKvCalibration(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
@@ -71,7 +66,7 @@ TEST(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
       old.AddTensor("nuq2.k.levels", DType::kF32, {2, 4}, c.codebooks.at(2).k.data(), 32).ok());
   ASSERT_TRUE(
       old.AddTensor("nuq2.v.levels", DType::kF32, {2, 4}, c.codebooks.at(2).v.data(), 32).ok());
-  const std::string v1 = TempPath("v1.safetensors");
+  const std::string v1 = test_util::TestPath("kvq_fp8cal", "v1.safetensors");
   ASSERT_TRUE(old.Write(v1).ok());
   auto read_v1 = LoadKvCalibration(v1);
   ASSERT_TRUE(read_v1.ok()) << read_v1.status().message();
@@ -83,12 +78,13 @@ TEST(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
   ASSERT_FALSE(no_scales.ok());
   EXPECT_NE(no_scales.message().find("version 1"), std::string::npos) << no_scales.message();
   // And a vLLM export of a version 1 file is refused, not written empty.
-  EXPECT_FALSE(SaveVllmKvScales(*read_v1, TempPath("empty.safetensors")).ok());
+  EXPECT_FALSE(
+      SaveVllmKvScales(*read_v1, test_util::TestPath("kvq_fp8cal", "empty.safetensors")).ok());
 }
 
 TEST(KvCalibrationFp8, VllmExportReadsBackAsTheSameScalesAndBytes) {
   const KvCalibration c = Minimal();
-  const std::string path = TempPath("vllm.safetensors");
+  const std::string path = test_util::TestPath("kvq_fp8cal", "vllm.safetensors");
   ASSERT_TRUE(SaveVllmKvScales(c, path).ok());
   // The file holds exactly vLLM's checkpoint names, F32 [1] each.
   auto file = SafetensorsFile::Open(path);
@@ -114,8 +110,8 @@ TEST(KvCalibrationFp8, VllmExportReadsBackAsTheSameScalesAndBytes) {
   // The same rows stored through either file: identical bytes.
   std::mt19937 rng(9);
   const auto x = Normal(32 * 5, rng, 2.0f);
-  ASSERT_TRUE(SaveKvCalibration(c, TempPath("own.safetensors")).ok());
-  auto own = LoadKvCalibration(TempPath("own.safetensors"));
+  ASSERT_TRUE(SaveKvCalibration(c, test_util::TestPath("kvq_fp8cal", "own.safetensors")).ok());
+  auto own = LoadKvCalibration(test_util::TestPath("kvq_fp8cal", "own.safetensors"));
   ASSERT_TRUE(own.ok());
   for (bool is_v : {false, true}) {
     for (int64_t layer : {0, 1}) {
@@ -141,7 +137,7 @@ TEST(KvCalibrationFp8, HostileScaleFilesAreClearErrors) {
     if (with_v1) {
       EXPECT_TRUE(w.AddTensor("model.layers.1.self_attn.v_scale", DType::kF32, {}, &one, 4).ok());
     }
-    const std::string path = TempPath(name);
+    const std::string path = test_util::TestPath("kvq_fp8cal", name);
     EXPECT_TRUE(w.Write(path).ok());
     return path;
   };
@@ -164,8 +160,8 @@ TEST(KvCalibrationFp8, HostileScaleFilesAreClearErrors) {
   const float two[2] = {1, 1};
   ASSERT_TRUE(wide.AddTensor("model.layers.0.self_attn.k_scale", DType::kF32, {2}, two, 8).ok());
   ASSERT_TRUE(wide.AddTensor("model.layers.0.self_attn.v_scale", DType::kF32, {1}, two, 4).ok());
-  ASSERT_TRUE(wide.Write(TempPath("wide.safetensors")).ok());
-  auto wide_loaded = LoadKvCalibration(TempPath("wide.safetensors"));
+  ASSERT_TRUE(wide.Write(test_util::TestPath("kvq_fp8cal", "wide.safetensors")).ok());
+  auto wide_loaded = LoadKvCalibration(test_util::TestPath("kvq_fp8cal", "wide.safetensors"));
   ASSERT_FALSE(wide_loaded.ok());
   EXPECT_NE(wide_loaded.status().message().find("one element"), std::string::npos);
   // F16 and BF16 checkpoint scales are read too.
@@ -173,15 +169,15 @@ TEST(KvCalibrationFp8, HostileScaleFilesAreClearErrors) {
   const uint16_t h = F32ToF16(0.5f), b = F32ToBf16(2.0f);
   ASSERT_TRUE(half.AddTensor("model.layers.0.self_attn.k_scale", DType::kF16, {1}, &h, 2).ok());
   ASSERT_TRUE(half.AddTensor("model.layers.0.self_attn.v_scale", DType::kBF16, {1}, &b, 2).ok());
-  ASSERT_TRUE(half.Write(TempPath("half.safetensors")).ok());
-  auto half_loaded = LoadKvCalibration(TempPath("half.safetensors"));
+  ASSERT_TRUE(half.Write(test_util::TestPath("kvq_fp8cal", "half.safetensors")).ok());
+  auto half_loaded = LoadKvCalibration(test_util::TestPath("kvq_fp8cal", "half.safetensors"));
   ASSERT_TRUE(half_loaded.ok()) << half_loaded.status().message();
   EXPECT_EQ(half_loaded->fp8_k_scale[0], 0.5f);
   EXPECT_EQ(half_loaded->fp8_v_scale[0], 2.0f);
   // Non-finite measured amax cannot be saved as a kvq file either.
   KvCalibration c = Minimal();
   c.fp8_v_scale[1] = Fp8E4M3TensorScale(std::numeric_limits<float>::infinity());
-  EXPECT_FALSE(SaveKvCalibration(c, TempPath("inf.safetensors")).ok());
+  EXPECT_FALSE(SaveKvCalibration(c, test_util::TestPath("kvq_fp8cal", "inf.safetensors")).ok());
   EXPECT_EQ(Fp8E4M3TensorScale(0.0f), std::numeric_limits<float>::epsilon());
   EXPECT_EQ(Fp8E4M3TensorScale(448.0f), 1.0f);
 }

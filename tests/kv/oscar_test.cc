@@ -21,16 +21,12 @@
 #include "kv/kv_factory.h"
 #include "kv/kv_test_util.h"
 #include "kv/paged_cache.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string TempPath(const std::string& name) {
-  return (fs::temp_directory_path() / ("oscar_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
 
 // A random symmetric positive semi-definite matrix A Aᵀ / n, A [dim, n].
 std::vector<double> RandomCovariance(int64_t dim, std::mt19937& rng) {
@@ -267,7 +263,7 @@ TEST(OscarCodec, CacheRotatesEveryKvHeadByItsOwnMatrices) {
     std::vector<float>& dst = i % 2 == 0 ? k_rot : v_rot;
     dst.insert(dst.end(), m->begin(), m->end());
   }
-  const std::string path = TempPath("rot.safetensors");
+  const std::string path = test_util::TestPath("oscar_test", "rot.safetensors");
   ASSERT_TRUE(SaveKvCalibration(MakeCalibration(layers, heads, kv, dim, k_rot, v_rot), path).ok());
   auto matrix = [&](const std::vector<float>& all, int64_t l, int64_t g) {
     return std::vector<float>(all.begin() + (l * kv + g) * dim * dim,
@@ -340,7 +336,7 @@ TEST(OscarCodec, PlannerCountsRowsWindowsAndRotationsExactly) {
 TEST(OscarCalibration, FormatOneFilesStillLoadAndFormatTwoRoundTrips) {
   const int64_t layers = 1, kv = 1, dim = 32;
   // A file as kvq wrote them before the rotations (format 1).
-  const std::string v1 = TempPath("v1.safetensors");
+  const std::string v1 = test_util::TestPath("oscar_test", "v1.safetensors");
   {
     SafetensorsWriter w;
     w.SetMetadata("format", "kvq-kvquant-calibration/1");
@@ -381,7 +377,7 @@ TEST(OscarCalibration, FormatOneFilesStillLoadAndFormatTwoRoundTrips) {
   std::mt19937 rng(6);
   auto m = FitOscarRotation(RandomCovariance(dim, rng), dim);
   ASSERT_TRUE(m.ok());
-  const std::string v2 = TempPath("v2.safetensors");
+  const std::string v2 = test_util::TestPath("oscar_test", "v2.safetensors");
   KvCalibration c = MakeCalibration(layers, 2, kv, dim, *m, *m);
   ASSERT_TRUE(SaveKvCalibration(c, v2).ok());
   auto loaded = LoadKvCalibration(v2);

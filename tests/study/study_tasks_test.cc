@@ -21,16 +21,12 @@
 #include "study/study_gsm8k.h"
 #include "study/study_niah.h"
 #include "study/study_resume.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string TempPath(const std::string& name) {
-  return (fs::path(KVQ_BINARY_DIR) / ("study_tasks_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
 
 // A random-weight Qwen2 with a byte vocabulary (one byte = one token) and a
 // 640-token context: room for a needle prompt's fixed text (~250 bytes).
@@ -45,7 +41,7 @@ class StudyTasksTest : public testing::Test {
     config.num_kv_heads = 1;
     config.head_dim = 64;
     config.max_position_embeddings = 640;
-    path_ = new std::string(TempPath("tiny.gguf"));
+    path_ = new std::string(test_util::TestPath("study_tasks", "tiny.gguf"));
     SynthOptions options;
     options.seed = 11;
     ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
@@ -262,7 +258,7 @@ TEST_F(StudyTasksTest, BatchedAnswersEqualOneAtATime) {
 }
 
 TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
-  const std::string path = TempPath("log.jsonl");
+  const std::string path = test_util::TestPath("study_tasks", "log.jsonl");
   fs::remove(path);
   {
     auto log = ResultLog::Open(path);
@@ -295,7 +291,7 @@ TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
   EXPECT_NE(bad.status().message().find(":4:"), std::string::npos) << bad.status().message();
   fs::remove(path);
 
-  const std::string dir = TempPath("results");
+  const std::string dir = test_util::TestPath("study_tasks", "results");
   fs::remove_all(dir);
   ASSERT_TRUE(PrepareResultDir(dir, {{"seed", 1}}).ok());
   EXPECT_TRUE(PrepareResultDir(dir, {{"seed", 1}}).ok());
@@ -311,7 +307,7 @@ TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
 // run (a cell's last line lost) resumes with only the missing trial, and
 // schemes other than f16 skip the (task, context) pairs f16 fails.
 TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
-  const std::string dir = TempPath("needle");
+  const std::string dir = test_util::TestPath("study_tasks", "needle");
   fs::remove_all(dir);
   NeedleOptions o;
   o.tasks = {NeedleTask::kSingleRepeat};
@@ -401,7 +397,8 @@ TEST(StudyGsm8kTest, WilsonInterval) {
 }
 
 TEST(StudyGsm8kTest, LoadVerifiesTheChecksumAndParses) {
-  const std::string data = TempPath("test.jsonl"), sums = TempPath("SHA256SUMS");
+  const std::string data = test_util::TestPath("study_tasks", "test.jsonl"),
+                    sums = test_util::TestPath("study_tasks", "SHA256SUMS");
   {
     std::ofstream f(data);
     f << "{\"question\": \"1 + 1?\", \"answer\": \"1 + 1 = 2\\n#### 2\"}\n"
@@ -440,7 +437,8 @@ TEST(StudyGsm8kTest, SharedSplitMatchesItsChecksum) {
 
 // The GSM8K stage: the same problems per scheme, resumable per problem.
 TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
-  const std::string data_path = TempPath("gsm.jsonl"), dir = TempPath("gsm8k");
+  const std::string data_path = test_util::TestPath("study_tasks", "gsm.jsonl"),
+                    dir = test_util::TestPath("study_tasks", "gsm8k");
   fs::remove_all(dir);
   {
     std::ofstream f(data_path);
@@ -497,7 +495,7 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
 // (f16 re-runs for its log-probs without a second record), and another
 // configuration is refused.
 TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
-  const std::string dir = TempPath("context_kl");
+  const std::string dir = test_util::TestPath("study_tasks", "context_kl");
   fs::remove_all(dir);
   std::string text;
   for (int i = 0; i < 1200; ++i) text += static_cast<char>('a' + (i * 7 + i / 13) % 26);

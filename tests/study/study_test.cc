@@ -17,25 +17,12 @@
 #include "study/study_capture.h"
 #include "study/study_e2e.h"
 #include "study/study_outliers.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string TempPath(const std::string& name) {
-  return (fs::path(KVQ_BINARY_DIR) / ("study_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-std::string Text(size_t bytes) {
-  static const char* kWords[] = {"the ", "cache ", "stores ", "keys ",      "and ",   "values ",
-                                 "per ", "token ", "while ",  "attention ", "reads ", "them, "};
-  std::string s;
-  for (size_t i = 0; s.size() < bytes; ++i) s += kWords[(i * 7 + i / 3) % 12];
-  s.resize(bytes);
-  return s;
-}
 
 std::vector<float> ReadF32(const TensorRef& t) {
   std::vector<float> out(t.nbytes / sizeof(float));
@@ -57,7 +44,7 @@ class StudyTest : public testing::Test {
     config.num_kv_heads = 1;
     config.head_dim = 64;
     config.max_position_embeddings = 160;
-    path_ = new std::string(TempPath("tiny.gguf"));
+    path_ = new std::string(test_util::TestPath("study_test", "tiny.gguf"));
     SynthOptions options;
     options.seed = 5;
     ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
@@ -72,7 +59,7 @@ class StudyTest : public testing::Test {
     ASSERT_TRUE(loaded.ok()) << loaded.status().message();
     model_ = std::move(loaded).value();
   }
-  std::vector<int32_t> Tokens(size_t n) { return model_.tokenizer->Encode(Text(n)); }
+  std::vector<int32_t> Tokens(size_t n) { return model_.tokenizer->Encode(test_util::WordText(n)); }
   // A small study of the synthetic model: 2 windows of 32 tokens, one recall
   // cell of 128 tokens (the needle and question alone take 74 bytes).
   static StudyOptions SmallStudy(const std::string& name) {
@@ -84,7 +71,7 @@ class StudyTest : public testing::Test {
     o.recall.contexts = {128};
     o.recall.depths = {0.5};
     o.recall.trials = 1;
-    o.baseline_logits_path = TempPath(name + "_base.logprobs");
+    o.baseline_logits_path = test_util::TestPath("study_test", name + "_base.logprobs");
     o.memory_contexts = {64};
     return o;
   }
@@ -104,7 +91,7 @@ TEST_F(StudyTest, CaptureDumpHasDocumentedShapesAndRope) {
   auto capture = CaptureKv(model_, tokens, 16);  // 3 forward calls: 16 + 16 + 8
   ASSERT_TRUE(capture.ok()) << capture.status().message();
   const ModelConfig& c = model_.transformer->config();
-  const std::string path = TempPath("dump.safetensors");
+  const std::string path = test_util::TestPath("study_test", "dump.safetensors");
   ASSERT_TRUE(WriteCaptureSafetensors(*capture, c, "tiny", path).ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status().message();
@@ -330,10 +317,10 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
   o.recall.contexts = {128, 160};  // the needle and question alone take 74 bytes
   o.recall.depths = {0.0, 1.0};
   o.recall.trials = 1;
-  o.baseline_logits_path = TempPath("base.logprobs");
-  o.dump_path = TempPath("small.safetensors");
+  o.baseline_logits_path = test_util::TestPath("study_test", "base.logprobs");
+  o.dump_path = test_util::TestPath("study_test", "small.safetensors");
   o.memory_contexts = {64, 128};
-  auto json = RunStudy(model_, Text(400), o);
+  auto json = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_TRUE(json.ok()) << json.status().message();
   const nlohmann::json& j = *json;
   EXPECT_EQ(j["kvq_study_version"], kStudyVersion);
@@ -394,10 +381,10 @@ TEST_F(StudyTest, SmallStudyProducesTheJsonContract) {
 TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
   StudyOptions o = SmallStudy("kvquant");
   o.schemes = *ParseSchemeList("kvquant4,int4", model_.transformer->kv_shape());
-  o.calibration_scratch_path = TempPath("kvq_calib.safetensors");
+  o.calibration_scratch_path = test_util::TestPath("study_test", "kvq_calib.safetensors");
   o.calibration.context = 64;
   o.calibration.tokens = 128;
-  auto json = RunStudy(model_, Text(400), o);
+  auto json = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_TRUE(json.ok()) << json.status().message();
   const nlohmann::json& c = (*json)["calibration"];
   ASSERT_TRUE(c.is_object());
@@ -415,13 +402,13 @@ TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
 
   // Schemes without calibration record none.
   o.schemes = *ParseSchemeList("int4", model_.transformer->kv_shape());
-  auto plain = RunStudy(model_, Text(400), o);
+  auto plain = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_TRUE(plain.ok()) << plain.status().message();
   EXPECT_TRUE((*plain)["calibration"].is_null());
 
   o.schemes = *ParseSchemeList("kvquant2", model_.transformer->kv_shape());
   o.calibration_scratch_path.clear();
-  auto refused = RunStudy(model_, Text(400), o);
+  auto refused = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("calibration"), std::string::npos);
 }
@@ -429,18 +416,18 @@ TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
 // A tuned policy (kvq tune's file) runs as a scheme: policy:FILE, its own
 // bytes between the types it mixes, never mistaken for the f16 baseline.
 TEST_F(StudyTest, PolicyFileRunsAsAScheme) {
-  const std::string policy_path = TempPath("policy.txt");
+  const std::string policy_path = test_util::TestPath("study_test", "policy.txt");
   {
     std::ofstream f(policy_path);
     f << "# layer 0 in f16, the rest int4\n*: int4\n0: f16\n";
   }
   EXPECT_FALSE(ParseSchemeSpec("policy:").ok());
-  EXPECT_FALSE(ParseSchemeSpec("policy:" + TempPath("missing.txt")).ok());
+  EXPECT_FALSE(ParseSchemeSpec("policy:" + test_util::TestPath("study_test", "missing.txt")).ok());
   StudyOptions o = SmallStudy("policy");
   auto schemes = ParseSchemeList("policy:" + policy_path + ",int4", model_.transformer->kv_shape());
   ASSERT_TRUE(schemes.ok()) << schemes.status().message();
   o.schemes = *schemes;
-  auto json = RunStudy(model_, Text(400), o);
+  auto json = RunStudy(model_, test_util::WordText(400), o);
   fs::remove(policy_path);
   ASSERT_TRUE(json.ok()) << json.status().message();
   const nlohmann::json& list = (*json)["schemes"];
@@ -462,17 +449,17 @@ TEST_F(StudyTest, RejectsShortTextAndOversizedContext) {
   o.capture_tokens = 32;
   o.schemes = *ParseSchemeList("f16", model_.transformer->kv_shape());
   o.recall.contexts = {128};
-  o.baseline_logits_path = TempPath("unused.logprobs");
-  auto short_text = RunStudy(model_, Text(50), o);
+  o.baseline_logits_path = test_util::TestPath("study_test", "unused.logprobs");
+  auto short_text = RunStudy(model_, test_util::WordText(50), o);
   ASSERT_FALSE(short_text.ok());
   EXPECT_NE(short_text.status().message().find("tokens"), std::string::npos);
   o.recall.contexts = {40};  // too short for the needle and the question
-  auto short_recall = RunStudy(model_, Text(400), o);
+  auto short_recall = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_FALSE(short_recall.ok());
   EXPECT_NE(short_recall.status().message().find("too short"), std::string::npos);
   o.recall.contexts = {128};
   o.context = 200;  // above the model's 160
-  EXPECT_FALSE(RunStudy(model_, Text(400), o).ok());
+  EXPECT_FALSE(RunStudy(model_, test_util::WordText(400), o).ok());
 }
 
 }  // namespace

@@ -67,7 +67,10 @@ peers: build llama-cpp
 # hardening_cli_test, study_cli_test). Under ASan they took 15 of the 24
 # test-minutes (KvBitIdentity 378 s, kv_types_cli_test 304 s,
 # chromium_study_quick_test 219 s); make test runs them unsanitized.
-ASAN_SKIP = ^(KvBitIdentity\..*|kv_types_cli_test|chromium_study_quick_test)$$
+# RunState.DecodeStepsAllocateNothing counts heap allocations per decode step,
+# a property of the release build (146 s under ASan); the forward pass it
+# drives runs under the sanitizers in the engine and generate tests.
+ASAN_SKIP = ^(KvBitIdentity\..*|kv_types_cli_test|chromium_study_quick_test|RunState\.DecodeStepsAllocateNothing)$$
 test-sanitize: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=SanitizeBuild -DKVQ_SANITIZE=ON >/dev/null
 	cmake --build build-asan -j $(JOBS)

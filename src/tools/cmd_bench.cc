@@ -34,8 +34,7 @@ int RunBenchCommand(const BenchFlags& flags) {
       LoadModel(flags.model, threads,
                 flags.exact_matvec ? ops::DecodeArith::kExactF32 : ops::DecodeArith::kInt8Dot);
   if (!loaded.ok()) {
-    std::fprintf(stderr, "kvq bench: %s\n", loaded.status().message().c_str());
-    return 1;
+    return CommandError("bench", loaded.status().message());
   }
   Transformer& model = *loaded->transformer;
   // Every test size runs at every depth, so the longest sequence is the
@@ -48,22 +47,19 @@ int RunBenchCommand(const BenchFlags& flags) {
   const KvShape shape = model.kv_shape();
   auto kv_options = KvFlagsToOptions(flags.kv, max_context, threads);
   if (!kv_options.ok()) {
-    std::fprintf(stderr, "kvq bench: %s\n", kv_options.status().message().c_str());
-    return 1;
+    return CommandError("bench", kv_options.status().message());
   }
   if (kv_options->memory_bytes == 0) {  // no --kv-memory: the depth plus one run's fork
     auto layout = ComputeKvLayout(shape, *kv_options);
     if (!layout.ok()) {
-      std::fprintf(stderr, "kvq bench: %s\n", layout.status().message().c_str());
-      return 1;
+      return CommandError("bench", layout.status().message());
     }
     kv_options->memory_bytes = BenchKvBytes(*layout, max_context, max_depth, max_test);
   }
   // Fail on a bad type or budget before the first test, not inside it.
   auto probe = MakeKvCache(shape, *kv_options);
   if (!probe.ok()) {
-    std::fprintf(stderr, "kvq bench: %s\n", probe.status().message().c_str());
-    return 1;
+    return CommandError("bench", probe.status().message());
   }
   const std::string type_kv = (*probe)->TypeName();
   probe = Status::Error("released");
@@ -83,8 +79,7 @@ int RunBenchCommand(const BenchFlags& flags) {
     // One cache per depth: its depth sequence is filled once and forked per run.
     auto cache = MakeKvCache(shape, *kv_options);
     if (!cache.ok()) {
-      std::fprintf(stderr, "kvq bench: %s\n", cache.status().message().c_str());
-      return 1;
+      return CommandError("bench", cache.status().message());
     }
     const SeqId depth_seq = 0;
     if (Status filled = FillDepth(model, **cache, depth_seq, d); !filled.ok()) {

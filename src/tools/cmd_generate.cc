@@ -32,27 +32,23 @@ int RunGenerate(const GenerateFlags& flags) {
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) {
-    std::fprintf(stderr, "kvq generate: %s\n", loaded.status().message().c_str());
-    return 1;
+    return CommandError("generate", loaded.status().message());
   }
   const ModelConfig& config = loaded->transformer->config();
   const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
   auto kv_options = KvFlagsToOptions(flags.kv, context, threads);
   if (!kv_options.ok()) {
-    std::fprintf(stderr, "kvq generate: %s\n", kv_options.status().message().c_str());
-    return 1;
+    return CommandError("generate", kv_options.status().message());
   }
   auto made = MakeKvCache(loaded->transformer->kv_shape(), *kv_options);
   if (!made.ok()) {
-    std::fprintf(stderr, "kvq generate: %s\n", made.status().message().c_str());
-    return 1;
+    return CommandError("generate", made.status().message());
   }
   std::unique_ptr<KvCache> cache = std::move(made).value();
   // What the planner predicts for this cache (kvq plan shows the details).
   auto kv_plan = PlanKvType(loaded->transformer->kv_shape(), *kv_options);
   if (!kv_plan.ok()) {
-    std::fprintf(stderr, "kvq generate: %s\n", kv_plan.status().message().c_str());
-    return 1;
+    return CommandError("generate", kv_plan.status().message());
   }
 
   GenerateOptions options;
@@ -73,8 +69,7 @@ int RunGenerate(const GenerateFlags& flags) {
       &stats);
   std::fputs("\n", stdout);
   if (!status.ok()) {
-    std::fprintf(stderr, "kvq generate: %s\n", status.message().c_str());
-    return 1;
+    return CommandError("generate", status.message());
   }
   const double decode_steps = static_cast<double>(std::max<int64_t>(stats.generated_tokens - 1, 0));
   const double decode_tps = stats.decode_seconds > 0 ? decode_steps / stats.decode_seconds : 0;

@@ -194,8 +194,7 @@ void RegisterInfoCommand(CLI::App& app, CommandContext& ctx) {
   cmd->callback([&ctx, path, kv_type] {
     Status st = RunInfo(*path, *kv_type);
     if (!st.ok()) {
-      std::fprintf(stderr, "kvq info: %s\n", st.message().c_str());
-      ctx.exit_code = 1;
+      ctx.exit_code = CommandError("info", st.message());
     }
   });
 }

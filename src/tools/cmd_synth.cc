@@ -124,8 +124,7 @@ void RegisterSynthCommand(CLI::App& app, CommandContext& ctx) {
   cmd->callback([&ctx, args] {
     Status st = RunSynth(*args);
     if (!st.ok()) {
-      std::fprintf(stderr, "kvq synth: %s\n", st.message().c_str());
-      ctx.exit_code = 1;
+      ctx.exit_code = CommandError("synth", st.message());
     }
   });
 }

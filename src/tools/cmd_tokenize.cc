@@ -117,8 +117,7 @@ void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx) {
   cmd->callback([&ctx, args] {
     Status st = RunTokenize(*args);
     if (!st.ok()) {
-      std::fprintf(stderr, "kvq tokenize: %s\n", st.message().c_str());
-      ctx.exit_code = 1;
+      ctx.exit_code = CommandError("tokenize", st.message());
     }
   });
 }

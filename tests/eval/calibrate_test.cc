@@ -4,7 +4,6 @@
 #include "eval/calibrate.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>

@@ -14,22 +14,12 @@
 
 #include "eval/logits_file.h"
 #include "eval/perplexity.h"
+#include "test_util.h"
 
 namespace kvq {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Temp(const std::string& name) {
-  return (fs::temp_directory_path() /
-          ("kvq_llama_logits_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-std::vector<uint8_t> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
 
 LogitsFileHeader Header(uint32_t vocab, uint32_t ctx, uint32_t windows) {
   LogitsFileHeader h;
@@ -47,13 +37,13 @@ LogitsFileHeader Header(uint32_t vocab, uint32_t ctx, uint32_t windows) {
 // clamped to 0 - 16, scale = 16 / 65535; codes round((lp + 16) / scale)
 // with ties to even, and 0 for the clamped token.
 TEST(LlamaLogitsFile, WritesLlamaPerplexityLayoutByteForByte) {
-  const std::string path = Temp("layout.bin");
+  const std::string path = test_util::TestPath("kvq_llama_logits", "layout.bin");
   auto w = LogitsFileWriter::Create(path, Header(3, 4, 1));
   ASSERT_TRUE(w.ok()) << w.status().message();
   const double row[3] = {0.0, -1.0, -20.0};
   ASSERT_TRUE((*w)->WriteRow(0, 0.0f, row).ok());
   ASSERT_TRUE((*w)->Close().ok());
-  const std::vector<uint8_t> bytes = ReadAll(path);
+  const std::vector<uint8_t> bytes = test_util::ReadFileBytes(path);
   // magic + (n_ctx, n_vocab, n_chunk) + 4 tokens + one row of nv = 2*2+4 u16.
   ASSERT_EQ(bytes.size(), 8u + 12u + 16u + 8u * 2u);
   EXPECT_EQ(std::memcmp(bytes.data(), "_logits_", 8), 0);
@@ -81,7 +71,7 @@ TEST(LlamaLogitsFile, WritesLlamaPerplexityLayoutByteForByte) {
 // the decoded row and the nll of the token the row predicts (from the
 // stored tokens), and reports the tokens unchanged.
 TEST(LlamaLogitsFile, ReadsWhatItWroteWithinOneQuantizationStep) {
-  const std::string path = Temp("roundtrip.bin");
+  const std::string path = test_util::TestPath("kvq_llama_logits", "roundtrip.bin");
   const LogitsFileHeader h = Header(5, 6, 2);
   auto w = LogitsFileWriter::Create(path, h);
   ASSERT_TRUE(w.ok());
@@ -171,7 +161,7 @@ TEST(LlamaLogitsFile, TruncatedBaseIsAtKlZeroFromItsSource) {
 // mass here (2.4e-3) is 10x that bound.
 TEST(LlamaLogitsFile, RoundTripOfAHeavyTailIsWithinOneStepOfKl) {
   const std::vector<double> lp = HeavyTailLogProbs();
-  const std::string path = Temp("tail.bin");
+  const std::string path = test_util::TestPath("kvq_llama_logits", "tail.bin");
   const uint32_t vocab = static_cast<uint32_t>(lp.size());
   auto w = LogitsFileWriter::Create(path, Header(vocab, 4, 1));
   ASSERT_TRUE(w.ok()) << w.status().message();
@@ -191,7 +181,7 @@ TEST(LlamaLogitsFile, RoundTripOfAHeavyTailIsWithinOneStepOfKl) {
 }
 
 TEST(LlamaLogitsFile, CorruptFilesAreClearErrors) {
-  const std::string path = Temp("corrupt.bin");
+  const std::string path = test_util::TestPath("kvq_llama_logits", "corrupt.bin");
   auto w = LogitsFileWriter::Create(path, Header(4, 8, 1));
   ASSERT_TRUE(w.ok());
   const double row[4] = {0, -1, -2, -3};
@@ -204,7 +194,7 @@ TEST(LlamaLogitsFile, CorruptFilesAreClearErrors) {
   EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos)
       << truncated.status().message();
   // A header whose sizes overflow what the file holds.
-  std::vector<uint8_t> bytes = ReadAll(path);
+  std::vector<uint8_t> bytes = test_util::ReadFileBytes(path);
   const int32_t huge = 1 << 30;
   std::memcpy(bytes.data() + 16, &huge, 4);  // n_chunk
   std::ofstream(path, std::ios::binary)

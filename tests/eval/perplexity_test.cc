@@ -1,7 +1,6 @@
 #include "eval/perplexity.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>

@@ -1,7 +1,6 @@
 #include "io/gguf.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>

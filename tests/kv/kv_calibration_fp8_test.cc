@@ -3,7 +3,6 @@
 // scales (the codec then stores identical bytes), and hostile files refused
 // with a message naming the tensor.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>

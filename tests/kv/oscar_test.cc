@@ -4,7 +4,6 @@
 // outlier channels, the cache's per-(layer, KV head) rotation hook against
 // AttentionRef, exact planner bytes, and calibration files of format 1 and 2.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>

@@ -2,7 +2,6 @@
 // prompts and scoring, GSM8K parsing and scoring, prefix sharing through
 // forks, and resuming from the per-cell result files.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>

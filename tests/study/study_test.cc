@@ -3,7 +3,6 @@
 #include "study/study.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>

@@ -1,14 +1,13 @@
 #include "engine/generate.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
 
 #include "kv/dense_cache.h"
 #include "kv/kv_factory.h"
-#include "model/synth.h"
+#include "tiny_model.h"
 
 namespace kvq {
 namespace {
@@ -16,37 +15,16 @@ namespace {
 namespace fs = std::filesystem;
 
 // A tiny random-weight Qwen2 with the real Qwen2 vocabulary, written once.
-class GenerateTest : public testing::Test {
+class GenerateTest : public test_util::TinyModelTest {
  protected:
   static void SetUpTestSuite() {
-    const std::string vocab_path =
-        std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
-    if (!fs::exists(vocab_path)) return;
-    auto vocab = GgufFile::Open(vocab_path);
-    ASSERT_TRUE(vocab.ok()) << vocab.status().message();
-    auto preset = FindSynthPreset("tiny-qwen2");
-    ASSERT_TRUE(preset.ok());
-    ModelConfig config = preset->config;
-    config.max_position_embeddings = 64;  // small, so overflow is cheap to provoke
-    // One file per process: ctest runs each test case as its own process,
-    // in parallel, and each suite removes its file at the end.
-    path_ = new std::string((fs::path(KVQ_BINARY_DIR) /
-                             ("generate_test_tiny_qwen2_" + std::to_string(::getpid()) + ".gguf"))
-                                .string());
-    SynthOptions options;
-    options.seed = 3;
-    ASSERT_TRUE(WriteSynthGguf(config, vocab->get(), options, *path_).ok());
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) fs::remove(*path_);
-    delete path_;
-    path_ = nullptr;
+    // max_positions 64: small, so overflow is cheap to provoke.
+    WriteSuiteModel({.max_positions = 64, .seed = 3, .qwen2_vocab = true});
   }
   void SetUp() override {
-    if (path_ == nullptr) GTEST_SKIP() << "vocab GGUF missing: run scripts/setup.sh";
-    auto loaded = LoadModel(*path_, 2);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
+    TinyModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
   }
   std::unique_ptr<KvCache> NewCache(DenseKvType type = DenseKvType::kF16) {
     return MakeDenseKvCache(model_.transformer->kv_shape(), type,
@@ -60,11 +38,7 @@ class GenerateTest : public testing::Test {
     if (!s.ok()) return s;
     return text;
   }
-
-  static std::string* path_;
-  LoadedModel model_;
 };
-std::string* GenerateTest::path_ = nullptr;
 
 TEST_F(GenerateTest, GreedyIsDeterministicAndReleasesTheSequence) {
   auto cache = NewCache();

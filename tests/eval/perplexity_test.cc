@@ -13,6 +13,7 @@
 #include "kv/kv_factory.h"
 #include "model/synth.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace kvq {
 namespace {
@@ -21,28 +22,10 @@ namespace fs = std::filesystem;
 
 // A tiny random-weight Qwen2 with a 257-token byte vocabulary (no BOS added,
 // as Qwen2), written once per process.
-class PerplexityTest : public testing::Test {
+class PerplexityTest : public test_util::TinyModelTest {
  protected:
-  static void SetUpTestSuite() {
-    auto preset = FindSynthPreset("tiny-qwen2");
-    ASSERT_TRUE(preset.ok());
-    ModelConfig config = preset->config;
-    config.max_position_embeddings = 64;
-    path_ = new std::string(test_util::TestPath("perplexity_test", "tiny.gguf"));
-    SynthOptions options;
-    options.seed = 11;
-    ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
-  }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) fs::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
-  void SetUp() override {
-    auto loaded = LoadModel(*path_, 2);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
-  }
+  static void SetUpTestSuite() { WriteSuiteModel({.max_positions = 64, .seed = 11}); }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2)); }
   void TearDown() override {
     for (const std::string& f : files_) fs::remove(f);
   }
@@ -65,11 +48,8 @@ class PerplexityTest : public testing::Test {
     return files_.back();
   }
 
-  static std::string* path_;
-  LoadedModel model_;
   std::vector<std::string> files_;
 };
-std::string* PerplexityTest::path_ = nullptr;
 
 // The reference: each window prefilled whole with every logit row returned,
 // log-softmax in double written out here, rows ctx/2 .. ctx-2 scored.

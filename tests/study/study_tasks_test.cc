@@ -21,6 +21,7 @@
 #include "study/study_niah.h"
 #include "study/study_resume.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace kvq {
 namespace {
@@ -29,32 +30,12 @@ namespace fs = std::filesystem;
 
 // A random-weight Qwen2 with a byte vocabulary (one byte = one token) and a
 // 640-token context: room for a needle prompt's fixed text (~250 bytes).
-class StudyTasksTest : public testing::Test {
+class StudyTasksTest : public test_util::TinyModelTest {
  protected:
   static void SetUpTestSuite() {
-    auto preset = FindSynthPreset("tiny-qwen2");
-    ASSERT_TRUE(preset.ok());
-    ModelConfig config = preset->config;
-    config.hidden_size = 128;
-    config.num_heads = 2;
-    config.num_kv_heads = 1;
-    config.head_dim = 64;
-    config.max_position_embeddings = 640;
-    path_ = new std::string(test_util::TestPath("study_tasks", "tiny.gguf"));
-    SynthOptions options;
-    options.seed = 11;
-    ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
+    WriteSuiteModel({.max_positions = 640, .seed = 11, .head_dim_64 = true});
   }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) fs::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
-  void SetUp() override {
-    auto loaded = LoadModel(*path_, 1);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1)); }
   std::unique_ptr<KvCache> Cache(const std::string& type, int64_t tokens) {
     SchemeSpec spec{type, type, type, false, ""};
     KvCacheOptions o = SchemeCacheOptions(spec, tokens, 1);
@@ -67,11 +48,7 @@ class StudyTasksTest : public testing::Test {
     return std::move(cache).value();
   }
   std::string Text(const std::vector<int32_t>& ids) { return model_.tokenizer->Decode(ids); }
-
-  static std::string* path_;
-  LoadedModel model_;
 };
-std::string* StudyTasksTest::path_ = nullptr;
 
 // A prompt has exactly context - answer room tokens; the asked needle sits
 // at needle_position, at the start for depth 0 and last for depth 1; keys

@@ -17,6 +17,7 @@
 #include "study/study_e2e.h"
 #include "study/study_outliers.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace kvq {
 namespace {
@@ -31,33 +32,12 @@ std::vector<float> ReadF32(const TensorRef& t) {
 
 // A tiny random-weight Qwen2 (head_dim 64, 1 KV head, byte vocabulary: one
 // byte = one token), written once per process.
-class StudyTest : public testing::Test {
+class StudyTest : public test_util::TinyModelTest {
  protected:
   static void SetUpTestSuite() {
-    auto preset = FindSynthPreset("tiny-qwen2");
-    ASSERT_TRUE(preset.ok());
-    ModelConfig config = preset->config;
-    // head_dim 64 (int2 needs a 32-wide group; rotation a power of two).
-    config.hidden_size = 128;
-    config.num_heads = 2;
-    config.num_kv_heads = 1;
-    config.head_dim = 64;
-    config.max_position_embeddings = 160;
-    path_ = new std::string(test_util::TestPath("study_test", "tiny.gguf"));
-    SynthOptions options;
-    options.seed = 5;
-    ASSERT_TRUE(WriteSynthGguf(config, nullptr, options, *path_).ok());
+    WriteSuiteModel({.max_positions = 160, .seed = 5, .head_dim_64 = true});
   }
-  static void TearDownTestSuite() {
-    if (path_ != nullptr) fs::remove(*path_);
-    delete path_;
-    path_ = nullptr;
-  }
-  void SetUp() override {
-    auto loaded = LoadModel(*path_, 1);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    model_ = std::move(loaded).value();
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1)); }
   std::vector<int32_t> Tokens(size_t n) { return model_.tokenizer->Encode(test_util::WordText(n)); }
   // A small study of the synthetic model: 2 windows of 32 tokens, one recall
   // cell of 128 tokens (the needle and question alone take 74 bytes).
@@ -74,11 +54,7 @@ class StudyTest : public testing::Test {
     o.memory_contexts = {64};
     return o;
   }
-
-  static std::string* path_;
-  LoadedModel model_;
 };
-std::string* StudyTest::path_ = nullptr;
 
 // The dump holds every documented tensor with its documented shape, and
 // k_post_rope is RoPE(k_pre_rope) at positions 0..T-1: the model applies the

@@ -18,8 +18,8 @@
 #include "kv/kv_factory.h"
 #include "server/http_listener.h"
 #include "server/http_server.h"
+#include "server/live_server.h"
 #include "server/raw_http.h"
-#include "server/test_model.h"
 
 namespace kvq {
 namespace {
@@ -27,7 +27,7 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-class HttpConformanceTest : public TinyServerModelTest {
+class HttpConformanceTest : public LiveServerTest {
  protected:
   void SetUp() override {
     TinyServerModelTest::SetUp();
@@ -41,32 +41,9 @@ class HttpConformanceTest : public TinyServerModelTest {
     options_.idle_timeout = std::chrono::milliseconds(3000);
   }
   void Start(int64_t max_waiting = 64) {
-    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1));
-    KvCacheOptions kv;
-    kv.max_tokens = 256;
-    auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
-    ASSERT_TRUE(cache.ok()) << cache.status().message();
-    cache_ = std::move(cache).value();
-    SchedulerOptions options;
-    options.max_model_len = 256;
-    auto scheduler = Scheduler::Create(*model_.transformer, *model_.tokenizer, *cache_, options);
-    ASSERT_TRUE(scheduler.ok());
     EngineLoopOptions loop;
     loop.max_waiting = max_waiting;
-    engine_ = std::make_unique<EngineLoop>(std::move(scheduler).value(), *cache_, loop);
-    http_ = std::make_unique<HttpServer>(model_, *engine_, options_);
-    auto port = http_->Bind();
-    ASSERT_TRUE(port.ok()) << port.status().message();
-    port_ = *port;
-    engine_->Start();
-    listener_ = std::thread([this] { http_->Listen(); });
-  }
-  void TearDown() override {
-    if (!listener_.joinable()) return;
-    engine_->Stop();
-    http_->WaitRequestsAnswered(std::chrono::seconds(5));
-    http_->Stop();
-    listener_.join();
+    ASSERT_NO_FATAL_FAILURE(StartServer(options_, loop));
   }
   RawResponse Exchange(const std::string& request) { return RawExchange(port_, request); }
   RawResponse Get(const std::string& path) {
@@ -77,11 +54,6 @@ class HttpConformanceTest : public TinyServerModelTest {
   }
 
   HttpServerOptions options_;
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<EngineLoop> engine_;
-  std::unique_ptr<HttpServer> http_;
-  std::thread listener_;
-  int port_ = 0;
 };
 
 const json kSmall = {{"prompt", "Hello"}, {"max_tokens", 3}, {"temperature", 0}};

@@ -18,8 +18,8 @@
 
 #include "engine/loaded_model.h"
 #include "kv/kv_factory.h"
+#include "server/live_server.h"
 #include "server/raw_http.h"
-#include "server/test_model.h"
 
 namespace kvq {
 namespace {
@@ -66,40 +66,16 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-class HttpServerTest : public TinyServerModelTest {
+class HttpServerTest : public LiveServerTest {
  protected:
   void SetUp() override {
-    TinyServerModelTest::SetUp();
+    LiveServerTest::SetUp();
     if (IsSkipped()) return;
-    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1));
-    KvCacheOptions kv;
-    kv.max_tokens = 256;
-    auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
-    ASSERT_TRUE(cache.ok()) << cache.status().message();
-    cache_ = std::move(cache).value();
-    SchedulerOptions options;
-    options.max_model_len = 256;
-    auto scheduler = Scheduler::Create(*model_.transformer, *model_.tokenizer, *cache_, options);
-    ASSERT_TRUE(scheduler.ok());
-    engine_ =
-        std::make_unique<EngineLoop>(std::move(scheduler).value(), *cache_, EngineLoopOptions{});
-    HttpServerOptions http_options;
-    http_options.port = 0;
-    http_options.model_name = "tiny";
-    http_options.http_threads = 4;
-    http_ = std::make_unique<HttpServer>(model_, *engine_, http_options);
-    auto port = http_->Bind();
-    ASSERT_TRUE(port.ok()) << port.status().message();
-    port_ = *port;
-    engine_->Start();
-    listener_ = std::thread([this] { http_->Listen(); });
-  }
-  void TearDown() override {
-    if (!listener_.joinable()) return;
-    engine_->Stop();
-    http_->WaitRequestsAnswered(std::chrono::seconds(5));
-    http_->Stop();
-    listener_.join();
+    HttpServerOptions options;
+    options.port = 0;
+    options.model_name = "tiny";
+    options.http_threads = 4;
+    ASSERT_NO_FATAL_FAILURE(StartServer(options));
   }
 
   std::string Metrics() { return HttpGet(port_, "/metrics"); }
@@ -139,12 +115,6 @@ class HttpServerTest : public TinyServerModelTest {
   // socket: a token of this model takes milliseconds (its 151K-token output
   // projection), so 230 tokens take well over a second.
   static constexpr int kMaxTokens = 230;
-
-  std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<EngineLoop> engine_;
-  std::unique_ptr<HttpServer> http_;
-  std::thread listener_;
-  int port_ = 0;
 };
 
 // Non-streaming: nothing is written until the end, so only the socket tells

@@ -33,11 +33,7 @@ class EngineLoopTest : public TinyServerModelTest {
     TinyServerModelTest::SetUp();
     if (IsSkipped()) return;
     ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
-    KvCacheOptions kv;
-    kv.max_tokens = 256;
-    auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
-    ASSERT_TRUE(cache.ok()) << cache.status().message();
-    cache_ = std::move(cache).value();
+    ASSERT_NO_FATAL_FAILURE(NewDenseCache());
   }
   std::unique_ptr<EngineLoop> NewLoop(int64_t max_waiting) {
     SchedulerOptions options;
@@ -55,8 +51,6 @@ class EngineLoopTest : public TinyServerModelTest {
     r.stop_at_eos = false;
     return r;
   }
-
-  std::unique_ptr<KvCache> cache_;
 };
 
 TEST_F(EngineLoopTest, ServesConcurrentSubmittersAndDrains) {

@@ -9,7 +9,6 @@
 #include <memory>
 #include <thread>
 
-#include "kv/kv_factory.h"
 #include "server/engine_loop.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -23,11 +22,7 @@ class LiveServerTest : public TinyServerModelTest {
   // free port, then in port_). Wrap in ASSERT_NO_FATAL_FAILURE.
   void StartServer(const HttpServerOptions& options, const EngineLoopOptions& loop = {}) {
     ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1));
-    KvCacheOptions kv;
-    kv.max_tokens = 256;
-    auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
-    ASSERT_TRUE(cache.ok()) << cache.status().message();
-    cache_ = std::move(cache).value();
+    ASSERT_NO_FATAL_FAILURE(NewDenseCache());
     SchedulerOptions scheduling;
     scheduling.max_model_len = 256;
     auto scheduler = Scheduler::Create(*model_.transformer, *model_.tokenizer, *cache_, scheduling);
@@ -48,7 +43,6 @@ class LiveServerTest : public TinyServerModelTest {
     listener_.join();
   }
 
-  std::unique_ptr<KvCache> cache_;
   std::unique_ptr<EngineLoop> engine_;
   std::unique_ptr<HttpServer> http_;
   std::thread listener_;

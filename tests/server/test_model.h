@@ -2,8 +2,10 @@
 // vocabulary (tests skip when scripts/setup.sh has not fetched it).
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "kv/kv_factory.h"
 #include "tiny_model.h"
 
 namespace kvq {
@@ -15,6 +17,17 @@ class TinyServerModelTest : public test_util::TinyModelTest {
   static void SetUpTestSuite() {
     WriteSuiteModel({.max_positions = 256, .seed = 5, .qwen2_vocab = true});
   }
+  // cache_ = a dense f16 cache of the model's whole 256-token context (after
+  // LoadTinyModel; wrap in ASSERT_NO_FATAL_FAILURE).
+  void NewDenseCache() {
+    KvCacheOptions kv;
+    kv.max_tokens = 256;
+    auto cache = MakeKvCache(model_.transformer->kv_shape(), kv);
+    ASSERT_TRUE(cache.ok()) << cache.status().message();
+    cache_ = std::move(cache).value();
+  }
+
+  std::unique_ptr<KvCache> cache_;
 };
 
 // A sample's value from the server's Prometheus text ("name value" line),

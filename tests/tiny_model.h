@@ -27,6 +27,11 @@ struct TinyModelSpec {
   bool head_dim_64 = false;
 };
 
+// The Qwen2 vocabulary llama.cpp ships in its models folder (scripts/setup.sh).
+inline std::string Qwen2VocabPath() {
+  return std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
+}
+
 // Writes the model to `path`; "" on success, else why not. A missing Qwen2
 // vocabulary returns kTinyVocabMissing.
 inline constexpr const char* kTinyVocabMissing = "vocab GGUF missing: run scripts/setup.sh";
@@ -47,8 +52,7 @@ inline std::string WriteTinyQwen2(const TinyModelSpec& spec, const std::string& 
     Status s = WriteSynthGguf(config, nullptr, options, path);
     return s.ok() ? "" : s.message();
   }
-  const std::string vocab_path =
-      std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
+  const std::string vocab_path = Qwen2VocabPath();
   if (!std::filesystem::exists(vocab_path)) return kTinyVocabMissing;
   auto vocab = GgufFile::Open(vocab_path);
   if (!vocab.ok()) return vocab.status().message();

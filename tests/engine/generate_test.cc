@@ -169,7 +169,7 @@ TEST(LoadModel, MissingPathAndVocabOnlyFilesAreClearErrors) {
   auto missing = LoadModel("/nonexistent/model.gguf", 1);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/model.gguf"), std::string::npos);
-  const std::string vocab = std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
+  const std::string vocab = test_util::Qwen2VocabPath();
   if (!fs::exists(vocab)) GTEST_SKIP() << "vocab GGUF missing";
   auto vocab_only = LoadModel(vocab, 1);
   ASSERT_FALSE(vocab_only.ok());

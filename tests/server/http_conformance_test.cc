@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "engine/loaded_model.h"
-#include "kv/kv_factory.h"
 #include "server/http_listener.h"
 #include "server/http_server.h"
 #include "server/live_server.h"
@@ -30,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 class HttpConformanceTest : public LiveServerTest {
  protected:
   void SetUp() override {
-    TinyServerModelTest::SetUp();
+    LiveServerTest::SetUp();
     if (IsSkipped()) return;
     options_.port = 0;
     options_.model_name = "tiny";

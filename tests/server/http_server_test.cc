@@ -17,7 +17,6 @@
 #include <thread>
 
 #include "engine/loaded_model.h"
-#include "kv/kv_factory.h"
 #include "server/live_server.h"
 #include "server/raw_http.h"
 

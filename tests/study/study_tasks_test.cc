@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "kv/kv_factory.h"
-#include "model/synth.h"
 #include "study/study.h"
 #include "study/study_context_kl.h"
 #include "study/study_decode.h"

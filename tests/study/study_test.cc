@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "model/synth.h"
 #include "study/study_capture.h"
 #include "study/study_e2e.h"
 #include "study/study_outliers.h"

@@ -65,23 +65,47 @@ json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_a
   return out;
 }
 
-json AccuracyHeatmap(const json& x, const json& y, const char* color_title, json tooltip, int step,
-                     int font_size) {
-  return {{"width", {{"step", step}}},
-          {"layer",
-           {{{"mark", "rect"},
-             {"encoding",
-              {{"x", x},
-               {"y", y},
-               {"color",
-                {{"field", "accuracy"},
-                 {"type", "quantitative"},
-                 {"title", color_title},
-                 {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
-                 {"legend", {{"format", ".0%"}}}}},
-               {"tooltip", std::move(tooltip)}}}},
-            {{"mark", {{"type", "text"}, {"fontSize", font_size}}},
-             {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+json RecallHeatmapSpec(json values, const std::vector<int64_t>& contexts, bool by_task,
+                       const RecallHeatmapStyle& style) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i]["context"] = "context " + std::to_string(contexts[i]);
+  }
+  std::vector<int64_t> distinct = contexts;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  json context_order = json::array();
+  for (int64_t c : distinct) context_order.push_back("context " + std::to_string(c));
+
+  const json x = {{"field", "depth"},
+                  {"type", "ordinal"},
+                  {"title", style.depth_title},
+                  {"axis", {{"format", ".0%"}, {"labelAngle", 0}}}};
+  const json y = {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}};
+  json spec = BaseSpec();
+  spec["data"] = {{"values", std::move(values)}};
+  spec["facet"] = {
+      {"column",
+       {{"field", "context"}, {"type", "nominal"}, {"sort", context_order}, {"title", nullptr}}}};
+  if (by_task) {
+    spec["facet"]["row"] = {
+        {"field", "task"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}};
+  }
+  spec["spec"] = {{"width", {{"step", style.step}}},
+                  {"layer",
+                   {{{"mark", "rect"},
+                     {"encoding",
+                      {{"x", x},
+                       {"y", y},
+                       {"color",
+                        {{"field", "accuracy"},
+                         {"type", "quantitative"},
+                         {"title", style.color_title},
+                         {"scale", {{"domain", {0, 1}}, {"scheme", "redyellowgreen"}}},
+                         {"legend", {{"format", ".0%"}}}}},
+                       {"tooltip", style.tooltip}}}},
+                    {{"mark", {{"type", "text"}, {"fontSize", style.font_size}}},
+                     {"encoding", {{"x", x}, {"y", y}, {"text", {{"field", "label"}}}}}}}}};
+  return spec;
 }
 
 }  // namespace study_report
@@ -572,36 +596,21 @@ StatusOr<MaybeChart> RecallChart(const json& study) {
       contexts.push_back(*context);
       json accuracy = *trials > 0 ? json(static_cast<double>(*correct) / *trials) : json(nullptr);
       values.push_back({{"scheme", name},
-                        {"context", "context " + std::to_string(*context)},
                         {"depth", *depth},
                         {"accuracy", accuracy},
                         {"label", std::to_string(*correct) + "/" + std::to_string(*trials)}});
     }
   }
   if (values.empty()) return MaybeChart();
-  std::sort(contexts.begin(), contexts.end());
-  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
-  json context_order = json::array();
-  for (int64_t c : contexts) context_order.push_back("context " + std::to_string(c));
-
-  const json x = {{"field", "depth"},
-                  {"type", "ordinal"},
-                  {"title", "passkey depth"},
-                  {"axis", {{"format", ".0%"}, {"labelAngle", 0}}}};
-  const json y = {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}};
-  json spec = BaseSpec();
-  spec["data"] = {{"values", values}};
-  spec["facet"] = {
-      {"column",
-       {{"field", "context"}, {"type", "nominal"}, {"sort", context_order}, {"title", nullptr}}}};
-  spec["spec"] = study_report::AccuracyHeatmap(x, y, "exact recall",
+  json spec = study_report::RecallHeatmapSpec(std::move(values), contexts, /*by_task=*/false,
+                                              {"passkey depth", "exact recall",
                                                Tooltip({{"scheme", "nominal"},
                                                         {"context", "nominal"},
                                                         {"depth", "quantitative"},
                                                         {"label", "nominal"},
                                                         {"accuracy", "quantitative"}},
                                                        ".0%"),
-                                               40, 10);
+                                               40, 10});
   return MaybeChart(StudyChart{
       "recall", "Exact recall of a passkey by depth",
       "A passkey is hidden at a given depth (fraction of the way into filler text) and asked for "

@@ -18,12 +18,23 @@ using MaybeChart = std::optional<StudyChart>;
 nlohmann::json BaseSpec();
 nlohmann::json Tooltip(std::initializer_list<std::pair<const char*, const char*>> fields_and_types,
                        const char* number_format = ".4~g");
-// The inner spec of a faceted accuracy heatmap (passkey recall, needle
-// tasks): one rect per (x, y) coloured by "accuracy" on [0, 1], with the
-// cell's "label" text on top.
-nlohmann::json AccuracyHeatmap(const nlohmann::json& x, const nlohmann::json& y,
-                               const char* color_title, nlohmann::json tooltip, int step,
-                               int font_size);
+// How a recall heatmap looks: its depth axis's title, its colour legend's
+// title, the tooltip fields and the cell size.
+struct RecallHeatmapStyle {
+  const char* depth_title;
+  const char* color_title;
+  nlohmann::json tooltip;
+  int step;
+  int font_size;
+};
+// A faceted accuracy heatmap (passkey recall, needle tasks): one rect per
+// (depth, scheme) coloured by "accuracy" on [0, 1] with the cell's "label"
+// on top, one column per context length in ascending order and, when
+// by_task, one row per "task". values: objects with "scheme", "depth",
+// "accuracy", "label" (and "task"); contexts[i] is values[i]'s context
+// length, which the spec labels "context N".
+nlohmann::json RecallHeatmapSpec(nlohmann::json values, const std::vector<int64_t>& contexts,
+                                 bool by_task, const RecallHeatmapStyle& style);
 
 // Structure of the cache (study_report_structure.cc): k_proj bias norms per
 // layer, attention sinks per layer and head, K/V value statistics.

@@ -71,38 +71,23 @@ StatusOr<MaybeChart> NeedleChart(const json& study) {
   json values = json::array();
   std::vector<int64_t> contexts;
   for (const NeedleCell& c : cells) {
-    if (std::find(contexts.begin(), contexts.end(), c.context) == contexts.end())
-      contexts.push_back(c.context);
+    contexts.push_back(c.context);
     values.push_back(
         {{"scheme", c.scheme},
          {"task", c.task},
-         {"context", "context " + std::to_string(c.context)},
          {"depth", c.depth},
          {"accuracy", c.trials > 0 ? json(static_cast<double>(c.correct) / c.trials) : json()},
          {"label", std::to_string(c.correct) + "/" + std::to_string(c.trials)}});
   }
-  std::sort(contexts.begin(), contexts.end());
-  json context_order = json::array();
-  for (int64_t c : contexts) context_order.push_back("context " + std::to_string(c));
-  const json x = {{"field", "depth"},
-                  {"type", "ordinal"},
-                  {"title", "needle depth"},
-                  {"axis", {{"format", ".0%"}, {"labelAngle", 0}}}};
-  const json y = {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}};
-  json spec = BaseSpec();
-  spec["data"] = {{"values", values}};
-  spec["facet"] = {
-      {"row", {{"field", "task"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
-      {"column",
-       {{"field", "context"}, {"type", "nominal"}, {"sort", context_order}, {"title", nullptr}}}};
-  spec["spec"] = AccuracyHeatmap(x, y, "exact match",
+  json spec = RecallHeatmapSpec(std::move(values), contexts, /*by_task=*/true,
+                                {"needle depth", "exact match",
                                  Tooltip({{"scheme", "nominal"},
                                           {"task", "nominal"},
                                           {"context", "nominal"},
                                           {"depth", "quantitative"},
                                           {"label", "nominal"}},
                                          ".0%"),
-                                 36, 9);
+                                 36, 9});
   KVQ_ASSIGN_OR_RETURN(std::string statement, StringMember(*needle, "statement", "needle"));
   KVQ_ASSIGN_OR_RETURN(std::string rule, StringMember(*needle, "rule", "needle"));
   return MaybeChart(StudyChart{

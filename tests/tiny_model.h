@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 
+#include "base/status.h"
 #include "engine/loaded_model.h"
 #include "io/gguf.h"
 #include "model/synth.h"
@@ -32,13 +34,13 @@ inline std::string Qwen2VocabPath() {
   return std::string(KVQ_DEPS_DIR) + "/llama.cpp/models/ggml-vocab-qwen2.gguf";
 }
 
-// Writes the model to `path`; "" on success, else why not. A missing Qwen2
-// vocabulary returns kTinyVocabMissing.
-inline constexpr const char* kTinyVocabMissing = "vocab GGUF missing: run scripts/setup.sh";
-inline std::string WriteTinyQwen2(const TinyModelSpec& spec, const std::string& path) {
-  auto preset = FindSynthPreset("tiny-qwen2");
-  if (!preset.ok()) return preset.status().message();
-  ModelConfig config = preset->config;
+// True when the Qwen2 vocabulary WriteTinyQwen2 needs for qwen2_vocab is present.
+inline bool Qwen2VocabPresent() { return std::filesystem::exists(Qwen2VocabPath()); }
+
+// Writes the model to `path`.
+inline Status WriteTinyQwen2(const TinyModelSpec& spec, const std::string& path) {
+  KVQ_ASSIGN_OR_RETURN(SynthPreset preset, FindSynthPreset("tiny-qwen2"));
+  ModelConfig config = preset.config;
   config.max_position_embeddings = spec.max_positions;
   if (spec.head_dim_64) {
     config.hidden_size = 128;
@@ -48,16 +50,12 @@ inline std::string WriteTinyQwen2(const TinyModelSpec& spec, const std::string& 
   }
   SynthOptions options;
   options.seed = spec.seed;
-  if (!spec.qwen2_vocab) {
-    Status s = WriteSynthGguf(config, nullptr, options, path);
-    return s.ok() ? "" : s.message();
+  if (!spec.qwen2_vocab) return WriteSynthGguf(config, nullptr, options, path);
+  if (!Qwen2VocabPresent()) {
+    return Status::Error(Qwen2VocabPath() + " missing: run scripts/setup.sh");
   }
-  const std::string vocab_path = Qwen2VocabPath();
-  if (!std::filesystem::exists(vocab_path)) return kTinyVocabMissing;
-  auto vocab = GgufFile::Open(vocab_path);
-  if (!vocab.ok()) return vocab.status().message();
-  Status s = WriteSynthGguf(config, vocab->get(), options, path);
-  return s.ok() ? "" : s.message();
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> vocab, GgufFile::Open(Qwen2VocabPath()));
+  return WriteSynthGguf(config, vocab.get(), options, path);
 }
 
 // Base fixture: a derived suite's SetUpTestSuite calls WriteSuiteModel(spec)
@@ -69,19 +67,21 @@ class TinyModelTest : public testing::Test {
   static void WriteSuiteModel(const TinyModelSpec& spec) {
     const std::string suite = testing::UnitTest::GetInstance()->current_test_suite()->name();
     path_ = TestPath(suite, "tiny.gguf");
-    write_error_ = WriteTinyQwen2(spec, path_);
+    vocab_missing_ = spec.qwen2_vocab && !Qwen2VocabPresent();
+    write_status_ = WriteTinyQwen2(spec, path_);
   }
   static void TearDownTestSuite() {
     if (!path_.empty()) std::filesystem::remove(path_);
     path_.clear();
   }
   void SetUp() override {
-    if (write_error_ == kTinyVocabMissing) GTEST_SKIP() << write_error_;
+    if (vocab_missing_) GTEST_SKIP() << write_status_.message();
   }
   // model_ = the suite's model on `threads` threads (fatal failure if it was
   // not written or does not load: wrap in ASSERT_NO_FATAL_FAILURE).
   void LoadTinyModel(int threads) {
-    ASSERT_EQ(write_error_, "") << "the tiny model was not written";
+    ASSERT_TRUE(write_status_.ok())
+        << "the tiny model was not written: " << write_status_.message();
     auto loaded = LoadModel(path_, threads);
     ASSERT_TRUE(loaded.ok()) << loaded.status().message();
     model_ = std::move(loaded).value();
@@ -91,7 +91,8 @@ class TinyModelTest : public testing::Test {
 
  private:
   static inline std::string path_;
-  static inline std::string write_error_;
+  static inline Status write_status_ = Status::Ok();
+  static inline bool vocab_missing_ = false;
 };
 
 }  // namespace kvq::test_util

@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 
 #include "kv/dense_cache.h"
@@ -11,8 +10,6 @@
 
 namespace kvq {
 namespace {
-
-namespace fs = std::filesystem;
 
 // A tiny random-weight Qwen2 with the real Qwen2 vocabulary, written once.
 class GenerateTest : public test_util::TinyModelTest {
@@ -170,7 +167,7 @@ TEST(LoadModel, MissingPathAndVocabOnlyFilesAreClearErrors) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/model.gguf"), std::string::npos);
   const std::string vocab = test_util::Qwen2VocabPath();
-  if (!fs::exists(vocab)) GTEST_SKIP() << "vocab GGUF missing";
+  if (!test_util::Qwen2VocabPresent()) GTEST_SKIP() << "vocab GGUF missing";
   auto vocab_only = LoadModel(vocab, 1);
   ASSERT_FALSE(vocab_only.ok());
   EXPECT_NE(vocab_only.status().message().find("ggml-vocab-qwen2.gguf"), std::string::npos)

@@ -128,30 +128,34 @@ def make_cache(kind, config, args):
 
 
 def cache_storage(cache):
-    """Bytes the quantized layers hold (codes, scales, shifts as stored) and
-    how many tokens they cover, summed over layers, read from the objects."""
+    """Bytes the quantized layers hold per sequence (codes, scales, shifts as
+    stored; a batch of windows divides by its size) and how many tokens they
+    cover, summed over layers, read from the objects."""
     data = meta = tokens = resid = 0
     for layer in cache.layers:
         for q in (layer._quantized_keys, layer._quantized_values):
             if q is None:
                 continue
+            batch = q.shape[0]
             # A PackedTensor reports the unpacked shape; its _data is the
             # packed uint8 storage (2 or 4 codes per byte).
             packed = getattr(q._data, "_data", q._data)
-            data += packed.numel() * packed.element_size()
-            meta += q._scale.numel() * q._scale.element_size()
-            meta += q._shift.numel() * q._shift.element_size()
+            data += packed.numel() * packed.element_size() // batch
+            meta += q._scale.numel() * q._scale.element_size() // batch
+            meta += q._shift.numel() * q._shift.element_size() // batch
             tokens += q.shape[-2]
         for r in (layer.keys, layer.values):
             if r is not None and r.dim() == 4:
-                resid += r.numel() * r.element_size()
+                resid += r.numel() * r.element_size() // r.shape[0]
     return dict(code_bytes=data, scale_shift_bytes=meta, quantized_token_layers_kv=tokens,
                 residual_bytes=resid, scale_dtype=str(layer._quantized_keys._scale.dtype))
 
 
-def run_window(model, ids, first, kind, args, torch):
-    """Feeds one window token by token; returns f32 log-probs of the scored
-    rows [n_ctx - 1 - first, n_vocab] and the cache at the end."""
+def run_windows(model, ids, first, kind, args, torch):
+    """Feeds a batch of windows [batch, n_ctx] token by token (every window
+    is its own sequence; a step's matrix products serve the whole batch);
+    returns f32 log-probs of the scored rows [batch, n_ctx - 1 - first,
+    n_vocab] and the cache at the end."""
     cache = make_cache(kind, model.config, args)
     n_ctx = ids.shape[1]
     rows = []
@@ -159,8 +163,8 @@ def run_window(model, ids, first, kind, args, torch):
         for i in range(n_ctx - 1):
             out = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
             if i >= first:
-                rows.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
-    return torch.stack(rows).double().numpy(), cache
+                rows.append(torch.log_softmax(out.logits[:, -1].float(), dim=-1))
+    return torch.stack(rows, dim=1).numpy(), cache
 
 
 def main():
@@ -174,6 +178,8 @@ def main():
     ap.add_argument("--q-group-size", type=int, default=64)
     ap.add_argument("--residual-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="windows decoded together (each its own sequence; same results, one pass)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
 
@@ -215,6 +221,7 @@ def main():
         result = dict(
             windows=done, n_ctx=base["n_ctx"], first_scored_row=first, add_bos=add_bos,
             q_group_size=args.q_group_size, residual_length=args.residual_length, threads=args.threads,
+            batch=args.batch,
             model_dtype="float32", load_seconds=load_s, seconds=seconds,
             versions=dict(python=platform.python_version(), torch=torch.__version__,
                           transformers=transformers.__version__, optimum_quanto=optimum.quanto.__version__,
@@ -227,42 +234,50 @@ def main():
             json.dump(result, f, indent=1, sort_keys=True)
         return result
 
-    for w in range(n_windows):
+    def window_tokens(w):
         toks = base["tokens"][w].copy()
         if add_bos:
             toks[0] = bos_id  # as llama-perplexity feeds a window
         if kvq is not None and not np.array_equal(kvq["tokens"][w], toks):
             sys.exit(f"window {w}: kvq's tokens differ from llama.cpp's")
-        ids = torch.from_numpy(toks.astype(np.int64))[None, :]
-        targets = toks[first + 1:]
+        return toks
+
+    batch = max(1, args.batch)
+    for w0 in range(0, n_windows, batch):
+        group = list(range(w0, min(n_windows, w0 + batch)))
+        toks = np.stack([window_tokens(w) for w in group])
+        ids = torch.from_numpy(toks.astype(np.int64))
         lps = {}
         for c in caches:
             t = time.time()
-            lps[c], cache = run_window(model, ids, first, c, args, torch)
+            lps[c], cache = run_windows(model, ids, first, c, args, torch)
             seconds[c] += time.time() - t
-            print(f"hf: window {w + 1}/{n_windows}, {c}: {time.time() - t:.0f} s", flush=True)
+            print(f"hf: windows {w0 + 1}-{group[-1] + 1}/{n_windows}, {c}: {time.time() - t:.0f} s",
+                  flush=True)
             if c != "dynamic":
                 storage[c] = cache_storage(cache)
-        ref = lps.get("dynamic")
-        for r in range(len(targets)):
-            for c in caches:
-                lp = lps[c][r]
-                nll = -float(lp[targets[r]])
-                if c == "dynamic" or ref is None:
-                    stats[c].add(nll)
-                else:
-                    stats[c].add(nll, kl(ref[r], lp), int(lp.argmax() == ref[r].argmax()))
-            if ref is not None:
-                hf_nll = -float(ref[r][targets[r]])
-                if kvq is not None:
-                    klp = renorm(kvq["rows"][w, r]["lp"].astype(np.float64))
-                    vs_kvq.add(hf_nll, kl(klp, ref[r]), int(klp.argmax() == ref[r].argmax()))
-                llp = renorm(llama_row_logprobs(base["rows"], w, r, n_vocab))
-                vs_llama.add(hf_nll, kl(llp, ref[r]), int(llp.argmax() == ref[r].argmax()))
-        print(f"hf: window {w + 1}/{n_windows} done ({', '.join(f'{c} {seconds[c]:.0f}s' for c in caches)})",
-              flush=True)
-
-        result = write(w + 1)
+        ref_all = lps.get("dynamic")
+        for b, w in enumerate(group):
+            targets = toks[b][first + 1:]
+            ref = None if ref_all is None else ref_all[b].astype(np.float64)
+            for r in range(len(targets)):
+                for c in caches:
+                    lp = lps[c][b, r].astype(np.float64)
+                    nll = -float(lp[targets[r]])
+                    if c == "dynamic" or ref is None:
+                        stats[c].add(nll)
+                    else:
+                        stats[c].add(nll, kl(ref[r], lp), int(lp.argmax() == ref[r].argmax()))
+                if ref is not None:
+                    hf_nll = -float(ref[r][targets[r]])
+                    if kvq is not None:
+                        klp = renorm(kvq["rows"][w, r]["lp"].astype(np.float64))
+                        vs_kvq.add(hf_nll, kl(klp, ref[r]), int(klp.argmax() == ref[r].argmax()))
+                    llp = renorm(llama_row_logprobs(base["rows"], w, r, n_vocab))
+                    vs_llama.add(hf_nll, kl(llp, ref[r]), int(llp.argmax() == ref[r].argmax()))
+        print(f"hf: windows {w0 + 1}-{group[-1] + 1}/{n_windows} done "
+              f"({', '.join(f'{c} {seconds[c]:.0f}s' for c in caches)})", flush=True)
+        result = write(group[-1] + 1)
     print(json.dumps(result["caches"], indent=1))
 
 

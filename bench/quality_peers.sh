@@ -18,14 +18,16 @@
 # llama-perplexity; default: scripts/build_llama_cpp.sh's), THREADS (2),
 # KVQ_ROWS (a comma list of kvq's row names: only those; default all),
 # HF_WINDOWS (windows for the transformers rows, default CHUNKS: they decode
-# token by token), HF_THREADS (1), CALIB_TEXT (kvq calibrate's text, default the corpus'
+# token by token), HF_THREADS (1), HF_BATCH (windows the transformers rows decode
+# together, each its own sequence: one pass of matrix products serves them all;
+# default 1), CALIB_TEXT (kvq calibrate's text, default the corpus'
 # train split), SKIP_HF=1 (no transformers rows), PHASES (default
 # "llama kvq hf table"; e.g. PHASES=kvq runs only kvq's rows, so phases can
 # run side by side and a last run with the default renders the table).
 # A step that succeeded before with the same command is not rerun.
 # Needs: make build, and scripts/setup_peers.sh for the transformers rows.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,26p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,28p "$0"; exit 2; }
 model=$1 text=$2 out=$3 chunks=${4:-8}
 root=$(cd "$(dirname "$0")/.." && pwd)
 kvq=${KVQ:-$root/build/bin/kvq}
@@ -34,6 +36,7 @@ hf_windows=${HF_WINDOWS:-$chunks}
 # One intra-op thread for transformers: a decode step is ~600 tiny ops, and on
 # a busy machine every OpenMP barrier of a 2-thread op can wait a time slice.
 hf_threads=${HF_THREADS:-1}
+hf_batch=${HF_BATCH:-1}
 phases=" ${PHASES:-llama kvq hf table} "
 phase() { [[ "$phases" == *" $1 "* ]]; }
 calib_text=${CALIB_TEXT:-$root/.deps/corpus/train.txt}
@@ -142,7 +145,7 @@ if [ "${SKIP_HF:-0}" != 1 ] && phase hf; then
   "$root/scripts/setup_peers.sh" --check ||
     { echo "quality_peers: run scripts/setup_peers.sh first (or SKIP_HF=1)" >&2; exit 1; }
   run hf -- "$py" "$root/bench/peers_hf.py" --gguf "$model" --llama-base "$work/llama_f16.kld" \
-    --kvq-base "$work/kvq_f16.logits" --windows "$hf_windows" --threads "$hf_threads" \
+    --kvq-base "$work/kvq_f16.logits" --windows "$hf_windows" --threads "$hf_threads" --batch "$hf_batch" \
     -o "$work/hf.json"
 fi
 

@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--residual-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1,
-                    help="windows decoded together (each its own sequence; same results, one pass)")
+                    help="windows decoded together, each its own sequence (the same figures up to float rounding)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
 

@@ -256,13 +256,13 @@ def main():
                   flush=True)
             if c != "dynamic":
                 storage[c] = cache_storage(cache)
-        ref_all = lps.get("dynamic")
         for b, w in enumerate(group):
             targets = toks[b][first + 1:]
-            ref = None if ref_all is None else ref_all[b].astype(np.float64)
+            window = {c: lps[c][b].astype(np.float64) for c in caches}  # each converted once
+            ref = window.get("dynamic")
             for r in range(len(targets)):
                 for c in caches:
-                    lp = lps[c][b, r].astype(np.float64)
+                    lp = window[c][r]
                     nll = -float(lp[targets[r]])
                     if c == "dynamic" or ref is None:
                         stats[c].add(nll)

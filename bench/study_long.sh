@@ -16,6 +16,11 @@
 #                                          of 5, 10 and 20 trials a cell
 #   bench/study_long.sh context-kl MODEL_STEM   KL vs f16 by context length,
 #                                          512 to the model's context
+#   bench/study_long.sh core MODEL_STEM    the core study (structure, the
+#                                          write-up's table, every scheme end to
+#                                          end) into the model's study.json and
+#                                          log.txt; schemes recorded as they
+#                                          finish, so a rerun resumes
 #
 # MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
 # the environment: KVQ (default build/bin/kvq), THREADS (default 2),
@@ -31,6 +36,13 @@ stage=${1:?stage: gsm8k, niah or context-kl}
 # 128-token f16 window (the write-up says 2-bit without it "craters"), and
 # plain per-token int2.
 gsm8k_schemes=f16,kivi2,int2-c32-asym/int2-g32-asym,int2
+
+# The core study's schemes on the real models (the shipped SmolLM2 and 0.5B
+# studies' list): every family at 8, 4 and 2 bits, rotation on and off, sinks,
+# the Qwen2 boundary-layer policies, and KIVI-2 without its window.
+core_schemes=f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2
+core_schemes+=,int2-c32-asym/int2-g32-asym,int2-s4,policy:docs/study/policies/int2_boundary.txt
+core_schemes+=,policy:docs/study/policies/kivi2_boundary.txt,gear4,gear2,kvquant4,kvquant3,kvquant2
 
 study() {  # study MODEL_STEM JSON_NAME FLAGS...
   local stem=$1 json=$2
@@ -63,8 +75,19 @@ case $stage in
     study "${2:?model stem}" context_kl.json --context-kl-lengths \
       "${CONTEXT_KL_LENGTHS:-512,1024,2048,4096,8192}"
     ;;
+  core)
+    stem=${2:?model stem}
+    dir=docs/study/$stem
+    mkdir -p "$dir/results"
+    echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf (core)" >&2
+    "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --chunks 2 --recall-contexts 512 \
+      --calib-tokens 2048 --schemes "$core_schemes" --results-dir "$dir/results" \
+      --json "$dir/study.json.tmp" 2>&1 | tee "$dir/log.txt.tmp" >&2
+    mv "$dir/study.json.tmp" "$dir/study.json"
+    mv "$dir/log.txt.tmp" "$dir/log.txt"
+    ;;
   *)
-    echo "study_long: unknown stage $stage (gsm8k, niah, context-kl)" >&2
+    echo "study_long: unknown stage $stage (gsm8k, niah, context-kl, core)" >&2
     exit 2
     ;;
 esac

@@ -17,6 +17,7 @@
 #include "study/study_niah.h"
 #include "study/study_outliers.h"
 #include "study/study_quant.h"
+#include "study/study_resume.h"
 
 namespace kvq {
 namespace {
@@ -261,7 +262,34 @@ Status RunStructureStages(LoadedModel& model, const std::vector<int32_t>& tokens
   return Status::Ok();
 }
 
-// Stage 4: every scheme through the real cache (the f16 cache first).
+// What a resumed end-to-end stage must share with the run that recorded its
+// results (the scheme list is not part of it: a rerun may add schemes).
+StatusOr<Json> EndToEndConfig(const LoadedModel& model, const std::string& text,
+                              const std::string& calibration, const StudyOptions& o) {
+  std::string calibration_digest;
+  if (!calibration.empty()) {
+    KVQ_ASSIGN_OR_RETURN(calibration_digest, Sha256File(calibration));
+  }
+  return Json{{"kvq_end_to_end_version", 1},
+              {"model", model.path},
+              {"text_sha256", Sha256Hex(text)},
+              {"context", o.context},
+              {"windows", o.chunks},
+              {"batch", o.batch},
+              {"calibration_sha256", calibration_digest},
+              {"recall",
+               {{"contexts", o.recall.contexts},
+                {"depths", o.recall.depths},
+                {"trials", o.recall.trials},
+                {"seed", o.recall.seed},
+                {"answer_tokens", o.recall.answer_tokens}}}};
+}
+
+// Stage 4: every scheme through the real cache (the f16 cache first). With
+// o.end_to_end_dir each scheme's result is a line of <dir>/<scheme>.jsonl and
+// a rerun runs only the schemes without one; the f16 log-probs the KL needs
+// are scratch (hundreds of MB on a large vocabulary), so f16 runs again,
+// unrecorded, whenever another scheme is still to run.
 Status RunEndToEndStage(LoadedModel& model, const std::string& text,
                         const std::vector<SchemeSpec>& schemes, const std::string& calibration,
                         const StudyOptions& o, const Report& report, Json& out) {
@@ -274,25 +302,57 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
   e2e.recall = o.recall;
   e2e.baseline_logits_path = o.baseline_logits_path;
   e2e.threads = o.threads;
+  const bool resumable = !o.end_to_end_dir.empty();
+  if (resumable) {
+    KVQ_ASSIGN_OR_RETURN(Json config, EndToEndConfig(model, text, calibration, o));
+    KVQ_RETURN_IF_ERROR(PrepareResultDir(o.end_to_end_dir, config));
+  }
+  std::vector<ResultLog> logs;
+  std::vector<Json> recorded(schemes.size());  // null: still to run
+  for (size_t i = 0; resumable && i < schemes.size(); ++i) {
+    const std::string path =
+        (std::filesystem::path(o.end_to_end_dir) / (ResultFileStem(schemes[i].name) + ".jsonl"))
+            .string();
+    KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
+    if (!log.records().empty()) recorded[i] = log.records().back();
+    logs.push_back(std::move(log));
+  }
+  const bool any_missing =
+      std::any_of(recorded.begin() + 1, recorded.end(), [](const Json& j) { return j.is_null(); });
+  const KvShape shape = model.transformer->kv_shape();
+  const int64_t max_tokens = model.transformer->config().max_position_embeddings;
   Json scheme_list = Json::array();
   Json series = Json::array();
   for (size_t i = 0; i < schemes.size(); ++i) {
     const SchemeSpec& spec = schemes[i];
-    auto result =
-        RunSchemeEndToEnd(model, text, filler, spec, e2e, i == 0, [&](const SchemeProgress& p) {
-          report("scheme " + std::to_string(i + 1) + "/" + std::to_string(schemes.size()) + " " +
-                     spec.name,
-                 p.stage, p.done, p.total);
-        });
-    if (!result.ok())
-      return Status::Error("scheme " + spec.name + ": " + result.status().message());
-    scheme_list.push_back(SchemeJson(*result));
+    if (recorded[i].is_null() || (i == 0 && any_missing)) {
+      auto result =
+          RunSchemeEndToEnd(model, text, filler, spec, e2e, i == 0, [&](const SchemeProgress& p) {
+            report("scheme " + std::to_string(i + 1) + "/" + std::to_string(schemes.size()) + " " +
+                       spec.name,
+                   p.stage, p.done, p.total);
+          });
+      if (!result.ok())
+        return Status::Error("scheme " + spec.name + ": " + result.status().message());
+      if (recorded[i].is_null()) {
+        recorded[i] = SchemeJson(*result);
+        if (resumable) {
+          KVQ_RETURN_IF_ERROR(logs[i].Append(recorded[i]));
+          recorded[i] = logs[i].records().back();  // as stamped
+        }
+      }
+    }
+    scheme_list.push_back(recorded[i]);
+    KVQ_ASSIGN_OR_RETURN(
+        KvTypePlan plan,
+        PlanKvType(shape, SchemeCacheOptions(spec, max_tokens, o.threads, calibration)));
     Json bytes = Json::array();
-    for (int64_t c : o.memory_contexts) bytes.push_back(ExactKvBytes(result->plan.layout, 1, c));
+    for (int64_t c : o.memory_contexts) bytes.push_back(ExactKvBytes(plan.layout, 1, c));
     series.push_back({{"name", spec.name}, {"bytes", std::move(bytes)}});
   }
   out["schemes"] = std::move(scheme_list);
   out["memory"] = {{"contexts", o.memory_contexts}, {"series", std::move(series)}};
+  if (resumable) out["end_to_end_dir"] = o.end_to_end_dir;
   return Status::Ok();
 }
 

@@ -60,6 +60,9 @@ struct StudyOptions {
   // then optionally the needle-in-a-haystack, GSM8K and context-KL stages, each with its
   // own schemes (f16 is added first) and a results directory to resume from.
   bool core = true;
+  // Where stage 4 records each scheme's result and resumes from ("" = keep
+  // nothing between runs).
+  std::string end_to_end_dir;
   struct NeedleStage {
     bool run = false;
     NeedleOptions options;

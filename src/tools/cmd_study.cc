@@ -201,6 +201,9 @@ Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
   const std::string results =
       flags.results_dir.empty() ? "kvq-study-results/" + ResultFileStem(stem) : flags.results_dir;
   o.core = !flags.no_core;
+  // Only when asked for: a plain rerun (e.g. after a rebuild) measures anew.
+  if (o.core && (flags.full || !flags.results_dir.empty()))
+    o.end_to_end_dir = results + "/end_to_end";
   o.needle.run = flags.full || flags.niah;
   if (o.needle.run) {
     NeedleOptions& n = o.needle.options;
@@ -488,7 +491,9 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                 "asked for with --niah/--gsm8k-problems/--context-kl/--full)");
   cmd->add_option("--results-dir", flags->results_dir,
                   "Where the needle, GSM8K and context-KL results are appended (default "
-                  "kvq-study-results/<model>); rerun with the same one to resume");
+                  "kvq-study-results/<model>); rerun with the same one to resume. Given (or "
+                  "with --full), the end-to-end schemes are recorded there too and a rerun "
+                  "runs only the missing ones");
   cmd->add_option("--chat", flags->chat,
                   "Chat template for needle/GSM8K prompts: auto (when the model has one), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));

@@ -15,6 +15,7 @@
 #include "study/study_capture.h"
 #include "study/study_e2e.h"
 #include "study/study_outliers.h"
+#include "study/study_resume.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -385,6 +386,54 @@ TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
   auto refused = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("calibration"), std::string::npos);
+}
+
+// With an end-to-end directory each scheme's result is recorded as it
+// completes. A rerun with more schemes runs only the new ones (and f16 again,
+// unrecorded, for the log-probs their KL needs), returns the recorded ones as
+// they were, and gives the new scheme the KL a fresh run gives it; a rerun
+// with a different configuration is refused rather than mixed.
+TEST_F(StudyTest, EndToEndResumesWithOnlyTheMissingSchemes) {
+  const std::string dir = test_util::TestPath("study_test", "e2e_resume");
+  fs::remove_all(dir);
+  const KvShape shape = model_.transformer->kv_shape();
+  StudyOptions o = SmallStudy("resume");
+  o.capture_tokens = 16;
+  o.end_to_end_dir = dir;
+  o.schemes = *ParseSchemeList("int4", shape);
+  auto first = RunStudy(model_, test_util::WordText(400), o);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_EQ((*first)["schemes"].size(), 2u);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "config.json"));
+  EXPECT_EQ((*first)["schemes"][1]["simd_target"], SimdTargetName());
+
+  o.schemes = *ParseSchemeList("int4,int2", shape);
+  std::vector<std::string> ran;
+  auto second = RunStudy(model_, test_util::WordText(400), o, [&](const StudyEvent& e) {
+    if (e.stage.rfind("scheme ", 0) == 0 && (ran.empty() || ran.back() != e.stage)) {
+      ran.push_back(e.stage);
+    }
+  });
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(ran, (std::vector<std::string>{"scheme 1/3 f16", "scheme 3/3 int2"}));
+  const nlohmann::json& list = (*second)["schemes"];
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0], (*first)["schemes"][0]);  // recorded once, not again
+  EXPECT_EQ(list[1], (*first)["schemes"][1]);
+  EXPECT_EQ((*second)["memory"]["series"].size(), 3u);
+
+  StudyOptions fresh = o;
+  fresh.end_to_end_dir.clear();
+  auto whole = RunStudy(model_, test_util::WordText(400), fresh);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_EQ((*whole)["schemes"][2]["kl_mean"], list[2]["kl_mean"]);
+  EXPECT_EQ((*whole)["schemes"][1]["kl_mean"], list[1]["kl_mean"]);
+
+  o.chunks = 1;
+  auto refused = RunStudy(model_, test_util::WordText(400), o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("different configuration"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 // A tuned policy (kvq tune's file) runs as a scheme: policy:FILE, its own

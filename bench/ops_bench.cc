@@ -184,6 +184,31 @@ void BM_MatvecL2(benchmark::State& state, WeightType type, int64_t rows, int64_t
   state.counters["GBps_cpu"] = n * static_cast<double>(rows * RowBytes(type, cols)) / 1e9 / cpu;
 }
 
+// Batched decode: n activation rows through the integer-dot kernel (what a
+// decode step of n sequences runs below kPackedMinTokens), one thread, thread
+// CPU time, the matrix in L2 (Qwen2.5-1.5B's attention shape, 1536 x 1536).
+// Gmacs_cpu = n * rows * cols / CPU seconds: the figure that grows when the
+// kernel reuses each unpacked weight block for several tokens.
+void BM_MatvecInt8Batch(benchmark::State& state, WeightType type, int64_t rows, int64_t cols) {
+  const int64_t n = state.range(0);
+  RotatingWeights w(type, rows, cols, 0);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows));
+  for (float& v : x) v = dist(rng);
+  std::vector<uint8_t> acts(static_cast<size_t>(n * Int8ActRowBytes(type, cols)));
+  QuantizeActs(type, x.data(), n, cols, acts.data());
+  double cpu = 0.0;
+  for (auto _ : state) {
+    const double c0 = ThreadCpuSeconds();
+    MatvecInt8(w.view(0), acts.data(), n, y.data(), 1);
+    benchmark::DoNotOptimize(y.data());
+    cpu += ThreadCpuSeconds() - c0;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["Gmacs_cpu"] = iters * static_cast<double>(n * rows * cols) / 1e9 / cpu;
+}
+
 enum class MatmulImpl { kMatmul, kSgemm, kTiles, kPacked };
 
 const char* MatmulImplName(MatmulImpl impl) {
@@ -323,6 +348,18 @@ void RegisterMatvec() {
           (std::string(int8 ? "MatvecInt8L2/" : "MatvecL2/") + WeightTypeName(t)).c_str(),
           BM_MatvecL2, t, 576, 1536, int8);
     }
+  }
+  for (WeightType t : {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kQ8_0}) {
+    benchmark::RegisterBenchmark(
+        (std::string("MatvecInt8Batch/") + WeightTypeName(t) + "/1536x1536").c_str(),
+        BM_MatvecInt8Batch, t, 1536, 1536)
+        ->ArgName("n")
+        ->Arg(1)
+        ->Arg(2)
+        ->Arg(4)
+        ->Arg(8)
+        ->Arg(16)
+        ->Arg(31);
   }
   // The block types at the real models' shapes: SmolLM2-135M (hidden 576,
   // ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where cols is a

@@ -61,31 +61,48 @@ HWY_INLINE const int8_t* ActQs(const BlockQ8_1& a) { return a.qs; }
 HWY_INLINE uint16_t ActS(const BlockQ8_0&) { return 0; }
 HWY_INLINE uint16_t ActS(const BlockQ8_1& a) { return a.s; }
 
-// y[r] for R rows of a 32-value block type against one Q8_0 / Q8_1 row:
-// per block and row, 8 int32 lanes of the exact dot product, converted to
-// f32 (exact: |lane| <= 4 * 128 * 127) and multiplied by d_w * d_x in f32,
-// as the twin's per-block product; *_1 types add m_w * s_x (f32).
-template <int R, class T, class Act>
-KVQ_VNNI_ATTR HWY_INLINE void SmallTile(const uint8_t* row0, int64_t row_bytes, const Act* acts,
-                                        int64_t blocks, float* y, Prefetcher pf) {
-  __m256 acc[R];
-  float mins[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+// y[t][r] for R rows of a 32-value block type against NT Q8_0 / Q8_1
+// activation rows (act_bytes apart; y rows y_stride apart): per block, row
+// and token, 8 int32 lanes of the exact dot product, converted to f32
+// (exact: |lane| <= 4 * 128 * 127) and multiplied by d_w * d_x in f32, as
+// the twin's per-block product; *_1 types add m_w * s_x (f32). Each row's
+// block is unpacked once for the NT tokens; every (row, token) sees the
+// same operations in the same order for any NT, so a batch equals its
+// tokens one at a time bit for bit.
+template <int R, int NT, class T, class Act>
+KVQ_VNNI_ATTR HWY_INLINE void SmallTile(const uint8_t* row0, int64_t row_bytes, const uint8_t* acts,
+                                        int64_t act_bytes, int64_t blocks, float* y,
+                                        int64_t y_stride, Prefetcher pf) {
+  __m256 acc[NT][R];
+  float mins[NT][R];
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps(), mins[t][r] = 0.0f;
+  }
   for (int64_t b = 0; b < blocks; ++b) {
     pf.At(b);
-    const Act& a = acts[b];
-    const __m256i x = qdot::Load32(ActQs(a));
-    const float dx = Half(a.d);
+    const Act* a[NT];
+    __m256i x[NT];
+    float dx[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const Act*>(acts + t * act_bytes) + b;
+      x[t] = qdot::Load32(ActQs(*a[t]));
+      dx[t] = Half(a[t]->d);
+    }
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = row0 + r * row_bytes;
-      const qdot::Operands o = qdot::Prepare<T::kSigned>(T::Weights(row, b), x);
-      const __m256i dot = Dot(_mm256_setzero_si256(), o.u, o.s);
-      const float dd = Half(T::D(row, b)) * dx;
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dd), acc[r]);
-      if constexpr (T::kMin) mins[r] += Half(T::M(row, b)) * Half(ActS(a));
+      const __m256i w = T::Weights(row, b);
+      const float dw = Half(T::D(row, b));
+      for (int t = 0; t < NT; ++t) {
+        const qdot::Operands o = qdot::Prepare<T::kSigned>(w, x[t]);
+        const __m256i dot = Dot(_mm256_setzero_si256(), o.u, o.s);
+        acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * dx[t]), acc[t][r]);
+        if constexpr (T::kMin) mins[t][r] += Half(T::M(row, b)) * Half(ActS(*a[t]));
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = HorizontalSum(acc[r]) + mins[r];
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[t][r]) + mins[t][r];
+  }
 }
 
 template <int... kG, class F>
@@ -93,43 +110,59 @@ HWY_INLINE void ForEachGroup(std::integer_sequence<int, kG...>, F&& f) {
   (f(std::integral_constant<int, kG>()), ...);
 }
 
-// y[r] for R rows of a K-quant against one Q8_K row: per super-block and
-// row the int32 lanes of sum_i sc_i * dot_i (exact, and exact in f32:
-// |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24), times d_x * d_w in f32, minus
-// d_x * dmin_w times the integer min correction (f32), as the twin.
-template <int R, class T>
-KVQ_VNNI_ATTR HWY_INLINE void KTile(const uint8_t* row0, int64_t row_bytes, const BlockQ8_K* acts,
-                                    int64_t blocks, float* y, Prefetcher pf) {
-  __m256 acc[R];
-  float mins[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+// y[t][r] for R rows of a K-quant against NT Q8_K activation rows: per
+// super-block, row and token the int32 lanes of sum_i sc_i * dot_i (exact,
+// and exact in f32: |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24), times d_x *
+// d_w in f32, minus d_x * dmin_w times the integer min correction (f32), as
+// the twin. The scales are unpacked once per super-block and row and each
+// group's weights once per row, for all NT tokens; the per-(row, token)
+// arithmetic and its order do not depend on NT (as SmallTile).
+template <int R, int NT, class T>
+KVQ_VNNI_ATTR HWY_INLINE void KTile(const uint8_t* row0, int64_t row_bytes, const uint8_t* acts,
+                                    int64_t act_bytes, int64_t blocks, float* y, int64_t y_stride,
+                                    Prefetcher pf) {
+  __m256 acc[NT][R];
+  float mins[NT][R];
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps(), mins[t][r] = 0.0f;
+  }
   for (int64_t b = 0; b < blocks; ++b) {
     pf.At(b);
-    const BlockQ8_K& a = acts[b];
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t)
+      a[t] = reinterpret_cast<const BlockQ8_K*>(acts + t * act_bytes) + b;
     qdot::KPrep p[R];
-    __m256i isum[R];
-    for (int r = 0; r < R; ++r) {
-      p[r] = T::Prepare(row0 + r * row_bytes, b, a.bsums);
-      isum[r] = _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r) p[r] = T::Prepare(row0 + r * row_bytes, b);
+    __m256i isum[NT][R];
+    for (int t = 0; t < NT; ++t) {
+      for (int r = 0; r < R; ++r) isum[t][r] = _mm256_setzero_si256();
     }
     ForEachGroup(std::make_integer_sequence<int, 8>(), [&](auto gc) KVQ_VNNI_ATTR HWY_ATTR {
       constexpr int g = decltype(gc)::value;
-      const __m256i x = qdot::Load32(a.qs + 32 * g);
+      __m256i x[NT];
+      for (int t = 0; t < NT; ++t) x[t] = qdot::Load32(a[t]->qs + 32 * g);
       for (int r = 0; r < R; ++r) {
-        const uint8_t* row = row0 + r * row_bytes;
-        const qdot::Operands o = qdot::Prepare<T::kSigned>(T::template Weights<g>(row, b), x);
+        const __m256i w = T::template Weights<g>(row0 + r * row_bytes, b);
         const __m256i scale = T::kPer32 ? qdot::ScaleLanes(p[r].sc[2 * g])
                                         : qdot::ScaleLanes(p[r].sc[2 * g], p[r].sc[2 * g + 1]);
-        isum[r] = ScaledDot(isum[r], o.u, o.s, scale);
+        for (int t = 0; t < NT; ++t) {
+          const qdot::Operands o = qdot::Prepare<T::kSigned>(w, x[t]);
+          isum[t][r] = ScaledDot(isum[t][r], o.u, o.s, scale);
+        }
       }
     });
-    for (int r = 0; r < R; ++r) {
-      const float dd = a.d * Half(p[r].d);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(dd), acc[r]);
-      mins[r] -= a.d * Half(p[r].dmin) * static_cast<float>(p[r].imin);
+    for (int t = 0; t < NT; ++t) {
+      for (int r = 0; r < R; ++r) {
+        const float dd = a[t]->d * Half(p[r].d);
+        acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][r]), _mm256_set1_ps(dd), acc[t][r]);
+        mins[t][r] -=
+            a[t]->d * Half(p[r].dmin) * static_cast<float>(qdot::IntMin(p[r], a[t]->bsums));
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = HorizontalSum(acc[r]) + mins[r];
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < R; ++r) y[t * y_stride + r] = HorizontalSum(acc[t][r]) + mins[t][r];
+  }
 }
 
 // Calls f(T{}, act_tag) with the integer unpacker of `type`.
@@ -163,8 +196,14 @@ HWY_INLINE void VisitIntType(WeightType type, F&& f) {
   }
 }
 
-// Rows [r0, r0 + R) of y[n, w.rows] for all n activation rows; the R weight
-// rows stay in L1 between tokens.
+// Activation rows a tile takes together: each unpacked weight block then
+// serves this many dot products. 4 (then 2, then 1 for what is left) beat 2
+// alone at 16 tokens on AVX2 (ops_bench's MatvecInt8Batch, docs/benchmarks.md);
+// more would spill the NT x R accumulators.
+constexpr int kTileTokens = 4;
+
+// Rows [r0, r0 + R) of y[n, w.rows] for all n activation rows, kTileTokens
+// at a time; the R weight rows stay in L1 between tiles.
 template <int R>
 KVQ_VNNI_ATTR HWY_INLINE void RowsInt8(const WeightView& w, const uint8_t* acts, int64_t n,
                                        float* y, int64_t r0) {
@@ -175,20 +214,23 @@ KVQ_VNNI_ATTR HWY_INLINE void RowsInt8(const WeightView& w, const uint8_t* acts,
     using T = decltype(t);
     using A = decltype(act);
     const int64_t blocks = w.cols / (std::is_same_v<A, BlockQ8_K> ? kQKBlock : kQBlock);
-    for (int64_t tok = 0; tok < n; ++tok) {
+    auto tile = [&](auto tokens, int64_t tok) KVQ_VNNI_ATTR HWY_ATTR {
+      constexpr int kNT = decltype(tokens)::value;
       const uint8_t* at = acts + tok * act_bytes;
       float* yt = y + tok * w.rows + r0;
       const Prefetcher pf{tok == 0 ? next : nullptr, R * row_bytes, blocks};
       if constexpr (std::is_same_v<A, BlockQ8_K>) {
-        KTile<R, T>(w.row(r0), row_bytes, reinterpret_cast<const BlockQ8_K*>(at), blocks, yt, pf);
-      } else if constexpr (std::is_same_v<A, BlockQ8_1>) {
-        SmallTile<R, T>(w.row(r0), row_bytes, reinterpret_cast<const BlockQ8_1*>(at), blocks, yt,
-                        pf);
+        KTile<R, kNT, T>(w.row(r0), row_bytes, at, act_bytes, blocks, yt, w.rows, pf);
       } else {
-        SmallTile<R, T>(w.row(r0), row_bytes, reinterpret_cast<const BlockQ8_0*>(at), blocks, yt,
-                        pf);
+        SmallTile<R, kNT, T, A>(w.row(r0), row_bytes, at, act_bytes, blocks, yt, w.rows, pf);
       }
+    };
+    int64_t tok = 0;
+    for (; tok + kTileTokens <= n; tok += kTileTokens) {
+      tile(std::integral_constant<int, kTileTokens>(), tok);
     }
+    for (; tok + 2 <= n; tok += 2) tile(std::integral_constant<int, 2>(), tok);
+    for (; tok < n; ++tok) tile(std::integral_constant<int, 1>(), tok);
   });
 }
 #endif  // KVQ_INT8_DOT_SIMD

@@ -188,28 +188,34 @@ struct IntIQ4_NL : BlockScales<BlockIQ4_NL, false> {
 };
 
 // K-quant super-blocks: Prepare unpacks the scales (per 16 values, sc) and
-// the integer min correction sum_i mn_i * bsums_i once per block and row;
-// Weights<g>(row, b) is group g's 32 integers (0..7, a constant so the
-// shifts are immediates).
+// mins (mn, 0 where the type has none) once per block and row, for every
+// activation row; IntMin is one activation row's integer min correction
+// sum_i mn_i * bsums_i. Weights<g>(row, b) is group g's 32 integers (0..7, a
+// constant so the shifts are immediates).
 struct KPrep {
   uint16_t d, dmin;  // f16 bits (dmin 0 where the type has none)
-  int32_t imin;
   int sc[16];
+  int mn[16];
 };
+HWY_INLINE int32_t IntMin(const KPrep& p, const int16_t* bsums) {
+  int32_t sum = 0;
+  for (int i = 0; i < 16; ++i) sum += p.mn[i] * bsums[i];
+  return sum;
+}
 
 HWY_INLINE __m256i Srl16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
 
 template <bool kFifth, class Block>
 struct IntQ45_K {
   static constexpr bool kSigned = false, kPer32 = true;
-  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t* bsums) {
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const Block& k = BlockAt<Block>(row, b);
-    KPrep p{k.d, k.dmin, 0, {}};
+    KPrep p{k.d, k.dmin, {}, {}};
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, mn;
       KScaleMin(k.scales, j, &sc, &mn);
       p.sc[2 * j] = p.sc[2 * j + 1] = sc;
-      p.imin += mn * (bsums[2 * j] + bsums[2 * j + 1]);
+      p.mn[2 * j] = p.mn[2 * j + 1] = mn;
     }
     return p;
   }
@@ -230,9 +236,9 @@ using IntQ5_K = IntQ45_K<true, BlockQ5_K>;
 
 struct IntQ6_K {
   static constexpr bool kSigned = true, kPer32 = false;
-  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t*) {
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ6_K& k = BlockAt<BlockQ6_K>(row, b);
-    KPrep p{k.d, 0, 0, {}};
+    KPrep p{k.d, 0, {}, {}};
     for (int i = 0; i < 16; ++i) p.sc[i] = k.scales[i];
     return p;
   }
@@ -249,9 +255,9 @@ struct IntQ6_K {
 
 struct IntQ3_K {
   static constexpr bool kSigned = true, kPer32 = false;
-  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t*) {
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ3_K& k = BlockAt<BlockQ3_K>(row, b);
-    KPrep p{k.d, 0, 0, {}};
+    KPrep p{k.d, 0, {}, {}};
     for (int i = 0; i < 16; ++i) p.sc[i] = Q3KScale(k.scales, i);
     return p;
   }
@@ -267,12 +273,12 @@ struct IntQ3_K {
 
 struct IntQ2_K {
   static constexpr bool kSigned = false, kPer32 = false;
-  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b, const int16_t* bsums) {
+  static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ2_K& k = BlockAt<BlockQ2_K>(row, b);
-    KPrep p{k.d, k.dmin, 0, {}};
+    KPrep p{k.d, k.dmin, {}, {}};
     for (int i = 0; i < 16; ++i) {
       p.sc[i] = k.scales[i] & 0xF;
-      p.imin += (k.scales[i] >> 4) * bsums[i];
+      p.mn[i] = k.scales[i] >> 4;
     }
     return p;
   }

@@ -159,6 +159,35 @@ TEST_P(MatvecInt8Test, ExactWhenTermsAreExact) {
   }
 }
 
+// A batch of activation rows gives each row's result bit for bit as the
+// row alone would: the kernel takes tokens in tiles, and which tile (or the
+// remainder) a token lands in must not change its sums. A decode step's
+// logits then do not depend on how many sequences share the step.
+TEST_P(MatvecInt8Test, BatchEqualsOneRowAtATime) {
+  std::mt19937 rng(11);
+  for (WeightType type : kIntTypes) {
+    const int64_t cols = 3 * BlockSize(type), rows = 13;
+    const auto w = RandomWeight(rng, type, rows, cols, 0.5f);
+    const int64_t act_bytes = Int8ActRowBytes(type, cols);
+    for (int64_t n : {2, 3, 5, 8}) {
+      const std::vector<float> x = opstest::RandomVector(rng, n * cols, 2.0f);
+      std::vector<uint8_t> acts(static_cast<size_t>(n * act_bytes));
+      QuantizeActs(type, x.data(), n, cols, acts.data());
+      for (int threads : {1, 2}) {
+        std::vector<float> batch(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
+        MatvecInt8(w.view(), acts.data(), n, batch.data(), threads);
+        for (int64_t t = 0; t < n; ++t) {
+          MatvecInt8(w.view(), acts.data() + t * act_bytes, 1, one.data(), threads);
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_EQ(batch[t * rows + r], one[r])
+                << WeightTypeName(type) << " n " << n << " token " << t << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Hand-worked blocks: amax 127 gives d = 1, so q = x rounded; Q8_1 and
 // Q8_0 round ties away from zero, Q8_K to even, with d = 1 / (-127 / max).
 TEST(QuantizeActsTest, HandWorkedBlocks) {

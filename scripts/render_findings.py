@@ -229,10 +229,12 @@ def render_progress(study_dir):
     rows = []
     for folder in sorted(p for p in pathlib.Path(study_dir).iterdir() if (p / "results").is_dir()):
         results = folder / "results"
-        for stage, unit in (("gsm8k", "problems"), ("context_kl", "lengths")):
+        for stage, unit in (("gsm8k", "problems"), ("context_kl", "lengths"),
+                            ("end_to_end", "runs")):
             for f in sorted((results / stage).glob("*.jsonl")):
                 recs = read_lines(f)
-                rows.append((folder.name, stage, scheme_of(f.stem), f"{len(recs)} {unit}", recs))
+                count = "done" if stage == "end_to_end" and recs else f"{len(recs)} {unit}"
+                rows.append((folder.name, stage, scheme_of(f.stem), count, recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
             cells = sorted(d.glob("*.jsonl"))
             recs = [r for f in cells for r in read_lines(f)]

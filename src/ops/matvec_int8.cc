@@ -197,9 +197,10 @@ HWY_INLINE void VisitIntType(WeightType type, F&& f) {
 }
 
 // Activation rows a tile takes together: each unpacked weight block then
-// serves this many dot products. 4 (then 2, then 1 for what is left) beat 2
-// alone at 16 tokens on AVX2 (ops_bench's MatvecInt8Batch, docs/benchmarks.md);
-// more would spill the NT x R accumulators.
+// serves this many dot products (then tiles of 2, then 1, for what is left).
+// In session 19's runs of ops_bench's MatvecInt8Batch on AVX2, tiles of 4
+// beat tiles of 2 on Q4_K and Q6_K from 4 tokens up (docs/benchmarks.md has
+// 4 against the one-token kernel); more would spill the NT x R accumulators.
 constexpr int kTileTokens = 4;
 
 // Rows [r0, r0 + R) of y[n, w.rows] for all n activation rows, kTileTokens

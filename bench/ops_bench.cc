@@ -359,7 +359,18 @@ void RegisterMatvec() {
         ->Arg(4)
         ->Arg(8)
         ->Arg(16)
-        ->Arg(31);
+        ->Arg(31)
+        ->Arg(32)
+        ->Arg(64);
+    // What a step of 32 or more rows runs instead (kPackedMinTokens): the
+    // packed f32 GEMM on the same shape, one thread, for the crossover.
+    benchmark::RegisterBenchmark(
+        (std::string("MatmulPackedBatch/") + WeightTypeName(t) + "/1536x1536").c_str(), BM_Matmul,
+        t, 1536, 1536, MatmulImpl::kPacked, false)
+        ->ArgNames({"n", "threads"})
+        ->Args({32, 1})
+        ->Args({64, 1})
+        ->UseManualTime();
   }
   // The block types at the real models' shapes: SmolLM2-135M (hidden 576,
   // ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where cols is a

@@ -202,10 +202,26 @@ def render_gsm8k(study):
              f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
              fmt(s["mean_generated_tokens"]), s["hit_token_limit"],
              simd_targets(s.get("simd_targets", {}))] for s in g["schemes"]]
-    return (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
+    text = (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
             f"{'chat template' if g['chat'] else 'plain prompt'}:\n\n" +
             table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
                    "hit the limit", "answers per SIMD target"], rows))
+    pairs = g.get("paired", [])  # studies before session 20 lack it
+    if pairs:
+        rows = [[f"`{p['a']}`", f"`{p['b']}`", p["only_a_correct"], p["only_b_correct"],
+                 p["both_correct"], p["neither_correct"], pvalue(p["mcnemar_exact_p"])]
+                for p in pairs]
+        text += ("\nPaired on the same problems (exact McNemar test: the chance of a split "
+                 "of the problems only one scheme got right at least this uneven, if neither "
+                 "scheme were better):\n\n" +
+                 table(["scheme A", "scheme B", "only A right", "only B right", "both right",
+                        "neither", "p"], rows))
+    return text
+
+
+def pvalue(p):
+    """0.0071 -> "0.007"; below 0.001 in scientific notation (1.2e-38)."""
+    return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
 
 
 def simd_targets(counts):

@@ -50,6 +50,33 @@ std::string CutAtNextQuestion(const std::string& text) {
   return at == std::string::npos ? text : text.substr(0, at);
 }
 
+// Every pair of schemes on the same problems (scheme order): who got which
+// right, and the exact McNemar p-value of the split.
+Json PairedComparisons(const std::vector<std::string>& names,
+                       const std::vector<std::vector<bool>>& correct) {
+  Json pairs = Json::array();
+  for (size_t a = 0; a < names.size(); ++a) {
+    for (size_t b = a + 1; b < names.size(); ++b) {
+      int64_t only_a = 0, only_b = 0, both = 0, neither = 0;
+      for (size_t i = 0; i < correct[a].size(); ++i) {
+        const bool ra = correct[a][i], rb = correct[b][i];
+        only_a += ra && !rb;
+        only_b += rb && !ra;
+        both += ra && rb;
+        neither += !ra && !rb;
+      }
+      pairs.push_back({{"a", names[a]},
+                       {"b", names[b]},
+                       {"only_a_correct", only_a},
+                       {"only_b_correct", only_b},
+                       {"both_correct", both},
+                       {"neither_correct", neither},
+                       {"mcnemar_exact_p", McNemarExactP(only_a, only_b)}});
+    }
+  }
+  return pairs;
+}
+
 }  // namespace
 
 std::string Gsm8kReference(const std::string& answer) {
@@ -111,6 +138,21 @@ std::pair<double, double> WilsonInterval(int64_t k, int64_t n, double z) {
       z * std::sqrt(p * (1 - p) / static_cast<double>(n) + z2n / (4.0 * static_cast<double>(n))) /
       (1 + z2n);
   return {std::max(0.0, center - half), std::min(1.0, center + half)};
+}
+
+double McNemarExactP(int64_t only_a, int64_t only_b) {
+  const int64_t n = only_a + only_b, k = std::min(only_a, only_b);
+  if (n <= 0 || k < 0) return 1.0;
+  // Sum the smaller tail in log space: C(n, i) / 2^n underflows doubles for
+  // n past about 1,070 problems, and GSM8K's test split has 1,319.
+  const double log_half_n = -static_cast<double>(n) * std::log(2.0);
+  const double log_n_fact = std::lgamma(static_cast<double>(n) + 1);
+  double tail = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    tail += std::exp(log_n_fact - std::lgamma(static_cast<double>(i) + 1) -
+                     std::lgamma(static_cast<double>(n - i) + 1) + log_half_n);
+  }
+  return std::min(1.0, 2 * tail);
 }
 
 StatusOr<std::vector<Gsm8kProblem>> LoadGsm8k(const std::string& path,
@@ -181,6 +223,80 @@ StatusOr<int64_t> Gsm8kLongestPrompt(const LoadedModel& model,
   return longest;
 }
 
+namespace {
+
+// Answers the problems of the first n that `done` lacks with `scheme`'s
+// cache, appending each to `log` (and `done`) as it finishes.
+Status AnswerMissing(LoadedModel& model, const std::vector<Gsm8kProblem>& data,
+                     const Gsm8kScheme& scheme, const Gsm8kOptions& o, int64_t n, ResultLog& log,
+                     std::map<int64_t, Json>& done, Gsm8kProgress& p,
+                     const std::function<void(const Gsm8kProgress&)>& progress) {
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, scheme.make_cache());
+  PrefixRunner runner(model, *cache);
+  GreedyStop stop;
+  stop.max_tokens = o.max_new_tokens;
+  stop.done = [](const std::string& text) {
+    return SaidTheAnswer(text) || text.find("\nQuestion:") != std::string::npos;
+  };
+  std::vector<int64_t> todo;  // problem of each prompt
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i = 0; i < n; ++i) {
+    if (done.count(i)) continue;
+    KVQ_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+                         Gsm8kPrompt(model, data[static_cast<size_t>(i)].question, o.chat));
+    todo.push_back(i);
+    prompts.push_back(std::move(prompt));
+  }
+  return runner.AnswerBatched(
+      prompts, stop, o.batch, [&](size_t k, const GreedyResult& answer) -> Status {
+        const int64_t i = todo[k];
+        const Gsm8kProblem& problem = data[static_cast<size_t>(i)];
+        const std::string text = CutAtNextQuestion(answer.text);
+        const std::string predicted = LastNumber(text);
+        Json record = {{"index", i},
+                       {"correct", SameNumber(predicted, problem.reference)},
+                       {"predicted", predicted},
+                       {"reference", problem.reference},
+                       {"generated_tokens", answer.tokens},
+                       {"hit_token_limit", answer.hit_limit},
+                       {"answer", text}};
+        KVQ_RETURN_IF_ERROR(log.Append(record));
+        done[i] = log.records().back();  // as stamped
+        ++p.done;
+        if (progress) progress(p);
+        return Status::Ok();
+      });
+}
+
+// One scheme's entry of the section's "schemes" from its answers to the
+// first n problems; `correct` gets each problem's outcome, for the pairs.
+Json SummarizeScheme(const std::string& name, std::map<int64_t, Json>& done, int64_t n,
+                     std::vector<bool>& correct) {
+  int64_t right = 0, tokens = 0, limited = 0;
+  std::map<std::string, int64_t> targets;  // answers per SIMD target ("" = not recorded)
+  for (int64_t i = 0; i < n; ++i) {
+    const Json& r = done[i];
+    ++targets[r.value("simd_target", std::string())];
+    correct.push_back(r.value("correct", false));
+    right += correct.back() ? 1 : 0;
+    tokens += r.value("generated_tokens", int64_t{0});
+    limited += r.value("hit_token_limit", false) ? 1 : 0;
+  }
+  const auto [low, high] = WilsonInterval(right, n);
+  return {{"name", name},
+          {"problems", n},
+          {"correct", right},
+          {"accuracy", static_cast<double>(right) / static_cast<double>(n)},
+          {"wilson95_low", low},
+          {"wilson95_high", high},
+          {"mean_generated_tokens", static_cast<double>(tokens) / static_cast<double>(n)},
+          {"hit_token_limit", limited},
+          {"simd_targets", targets},
+          {"example_answer", done[0].value("answer", std::string())}};
+}
+
+}  // namespace
+
 StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>& data,
                              const std::vector<Gsm8kScheme>& schemes, const Gsm8kOptions& o,
                              const std::string& dir, const std::string& data_path,
@@ -197,6 +313,8 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
       {"decode_batch", o.batch}};  // not the problem count: a rerun may add problems
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, config));
   Json list = Json::array();
+  std::vector<std::string> names;
+  std::vector<std::vector<bool>> correct;  // [scheme][problem]
   for (const Gsm8kScheme& scheme : schemes) {
     const std::string path = (fs::path(dir) / (ResultFileStem(scheme.name) + ".jsonl")).string();
     KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
@@ -206,63 +324,12 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
     for (int64_t i = 0; i < n; ++i) p.done += done.count(i) ? 1 : 0;
     if (progress) progress(p);
     if (p.done < n) {
-      KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, scheme.make_cache());
-      PrefixRunner runner(model, *cache);
-      GreedyStop stop;
-      stop.max_tokens = o.max_new_tokens;
-      stop.done = [](const std::string& text) {
-        return SaidTheAnswer(text) || text.find("\nQuestion:") != std::string::npos;
-      };
-      std::vector<int64_t> todo;  // problem of each prompt
-      std::vector<std::vector<int32_t>> prompts;
-      for (int64_t i = 0; i < n; ++i) {
-        if (done.count(i)) continue;
-        KVQ_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                             Gsm8kPrompt(model, data[static_cast<size_t>(i)].question, o.chat));
-        todo.push_back(i);
-        prompts.push_back(std::move(prompt));
-      }
-      const Status answered = runner.AnswerBatched(
-          prompts, stop, o.batch, [&](size_t k, const GreedyResult& answer) -> Status {
-            const int64_t i = todo[k];
-            const Gsm8kProblem& problem = data[static_cast<size_t>(i)];
-            const std::string text = CutAtNextQuestion(answer.text);
-            const std::string predicted = LastNumber(text);
-            Json record = {{"index", i},
-                           {"correct", SameNumber(predicted, problem.reference)},
-                           {"predicted", predicted},
-                           {"reference", problem.reference},
-                           {"generated_tokens", answer.tokens},
-                           {"hit_token_limit", answer.hit_limit},
-                           {"answer", text}};
-            KVQ_RETURN_IF_ERROR(log.Append(record));
-            done[i] = log.records().back();  // as stamped
-            ++p.done;
-            if (progress) progress(p);
-            return Status::Ok();
-          });
+      const Status answered = AnswerMissing(model, data, scheme, o, n, log, done, p, progress);
       if (!answered.ok()) return answered.WithContext("GSM8K " + scheme.name);
     }
-    int64_t correct = 0, tokens = 0, limited = 0;
-    std::map<std::string, int64_t> targets;  // answers per SIMD target ("" = not recorded)
-    for (int64_t i = 0; i < n; ++i) {
-      const Json& r = done[i];
-      ++targets[r.value("simd_target", std::string())];
-      correct += r.value("correct", false) ? 1 : 0;
-      tokens += r.value("generated_tokens", int64_t{0});
-      limited += r.value("hit_token_limit", false) ? 1 : 0;
-    }
-    const auto [low, high] = WilsonInterval(correct, n);
-    list.push_back({{"name", scheme.name},
-                    {"problems", n},
-                    {"correct", correct},
-                    {"accuracy", static_cast<double>(correct) / static_cast<double>(n)},
-                    {"wilson95_low", low},
-                    {"wilson95_high", high},
-                    {"mean_generated_tokens", static_cast<double>(tokens) / static_cast<double>(n)},
-                    {"hit_token_limit", limited},
-                    {"simd_targets", targets},
-                    {"example_answer", done[0].value("answer", std::string())}});
+    names.push_back(scheme.name);
+    correct.emplace_back();
+    list.push_back(SummarizeScheme(scheme.name, done, n, correct.back()));
   }
   return Json{{"data", data_path},
               {"data_sha256", digest},
@@ -273,9 +340,11 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
               {"decode_batch", o.batch},
               {"rule",
                "greedy; the model's last number (commas dropped) equals the number after '####' "
-               "in the reference; 95% Wilson interval"},
+               "in the reference; 95% Wilson interval; pairs: exact McNemar test on the same "
+               "problems"},
               {"results_dir", dir},
-              {"schemes", std::move(list)}};
+              {"schemes", std::move(list)},
+              {"paired", PairedComparisons(names, correct)}};
 }
 
 }  // namespace kvq

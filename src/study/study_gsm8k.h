@@ -42,6 +42,14 @@ bool SameNumber(const std::string& a, const std::string& b);
 // 95% Wilson score interval of k successes in n trials: {low, high}.
 std::pair<double, double> WilsonInterval(int64_t k, int64_t n, double z = 1.959963984540054);
 
+// Two-sided exact McNemar test for two schemes answering the same problems:
+// `only_a` problems only scheme A got right, `only_b` only B. Under "neither
+// is better" each of those discordant problems is a fair coin, so the p-value
+// is the Binomial(only_a + only_b, 1/2) probability of a split at least as
+// uneven, both tails (1 when there is no discordant problem). Paired, it
+// sees differences that two overlapping Wilson intervals cannot.
+double McNemarExactP(int64_t only_a, int64_t only_b);
+
 struct Gsm8kOptions {
   int64_t problems = 250;  // the first N of the split
   int max_new_tokens = 320;

@@ -202,6 +202,42 @@ StatusOr<MaybeChart> Gsm8kChart(const json& study) {
       std::move(spec)});
 }
 
+namespace {
+
+// The section's optional "paired" list (older studies lack it): each pair
+// of schemes on the same problems, with the exact McNemar p-value.
+StatusOr<std::string> Gsm8kPairedTable(const json& gsm8k) {
+  KVQ_ASSIGN_OR_RETURN(const json* pairs, ArrayMember(gsm8k, "paired", "gsm8k"));
+  if (pairs == nullptr || pairs->empty()) return std::string();
+  std::string out = "<div class=\"scroll\"><table>\n" +
+                    TableRow({"scheme A", "scheme B", "only A right", "only B right", "both right",
+                              "neither", "exact McNemar p"},
+                             "th");
+  for (size_t i = 0; i < pairs->size(); ++i) {
+    const std::string path = Index("gsm8k.paired", i);
+    const json& pair = (*pairs)[i];
+    std::vector<std::string> cells;
+    for (const char* side : {"a", "b"}) {
+      KVQ_ASSIGN_OR_RETURN(std::string name, StringMember(pair, side, path));
+      cells.push_back("<b>" + EscapeHtml(name) + "</b>");
+    }
+    for (const char* count :
+         {"only_a_correct", "only_b_correct", "both_correct", "neither_correct"}) {
+      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> value, IntMember(pair, count, path));
+      cells.push_back(value ? std::to_string(*value) : "&ndash;");
+    }
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> p, NumberMember(pair, "mcnemar_exact_p", path));
+    cells.push_back(p ? FormatNumber("%.3g", *p) : "&ndash;");
+    out += TableRow(cells);
+  }
+  return out +
+         "</table></div>\n<p class=\"caption\">The same problems scored for two schemes: "
+         "only the problems one got right and the other did not tell them apart, and the "
+         "p-value is the chance of a split that uneven if neither scheme were better.</p>\n";
+}
+
+}  // namespace
+
 StatusOr<std::string> Gsm8kTable(const json& study) {
   KVQ_ASSIGN_OR_RETURN(const json* gsm8k, ObjectMember(study, "gsm8k", ""));
   if (gsm8k == nullptr) return std::string();
@@ -234,7 +270,8 @@ StatusOr<std::string> Gsm8kTable(const json& study) {
   }
   KVQ_ASSIGN_OR_RETURN(std::string rule, StringMember(*gsm8k, "rule", "gsm8k"));
   out += "</table></div>\n<p class=\"caption\">" + EscapeHtml(rule) + ".</p>\n";
-  return out;
+  KVQ_ASSIGN_OR_RETURN(std::string paired, Gsm8kPairedTable(*gsm8k));
+  return out + paired;
 }
 
 }  // namespace kvq::study_report

@@ -84,6 +84,17 @@ void PrintGsm8k(const nlohmann::json& g) {
                 100 * sc["wilson95_low"].get<double>(), 100 * sc["wilson95_high"].get<double>(),
                 sc["mean_generated_tokens"].get<double>());
   }
+  if (!g.contains("paired") || g["paired"].empty()) return;
+  std::printf("\npaired on the same problems (exact McNemar test)\n");
+  std::printf("%-30s %-30s %7s %7s %7s %7s %10s\n", "A", "B", "only A", "only B", "both", "neither",
+              "p");
+  for (const auto& pair : g["paired"]) {
+    std::printf("%-30s %-30s %7lld %7lld %7lld %7lld %10.3g\n",
+                pair["a"].get<std::string>().c_str(), pair["b"].get<std::string>().c_str(),
+                (long long)pair["only_a_correct"], (long long)pair["only_b_correct"],
+                (long long)pair["both_correct"], (long long)pair["neither_correct"],
+                pair["mcnemar_exact_p"].get<double>());
+  }
 }
 
 void PrintContextKl(const nlohmann::json& c) {

@@ -371,6 +371,23 @@ TEST(StudyGsm8kTest, WilsonInterval) {
   EXPECT_LT(hi250 - lo250, hi - lo);  // more problems, narrower
 }
 
+// Exact McNemar p-values, against exact rational sums (Python's
+// fractions.Fraction of sum C(n, i) / 2^n): small counts, the session's own
+// split (49 against 25), a one-sided wipe-out, and a split of all 1,319
+// problems, where C(n, i) / 2^n underflows doubles unless summed in logs.
+TEST(StudyGsm8kTest, McNemarExactP) {
+  EXPECT_EQ(McNemarExactP(0, 0), 1.0);
+  EXPECT_EQ(McNemarExactP(3, 3), 1.0);
+  EXPECT_NEAR(McNemarExactP(5, 0), 0.0625, 1e-12);
+  EXPECT_NEAR(McNemarExactP(0, 5), 0.0625, 1e-12);
+  EXPECT_NEAR(McNemarExactP(10, 3), 0.09228515625, 1e-12);
+  // Relative bounds: lgamma's rounding grows with n (about 1e-13 relative
+  // per term at these sizes), far below the 3 digits the reports print.
+  EXPECT_NEAR(McNemarExactP(49, 25) / 0.007084252673880493, 1.0, 1e-9);
+  EXPECT_NEAR(McNemarExactP(127, 0) / 1.1754943508222875e-38, 1.0, 1e-9);
+  EXPECT_NEAR(McNemarExactP(700, 619) / 0.02757369625939718, 1.0, 1e-9);
+}
+
 TEST(StudyGsm8kTest, LoadVerifiesTheChecksumAndParses) {
   const std::string data = test_util::TestPath("study_tasks", "test.jsonl"),
                     sums = test_util::TestPath("study_tasks", "SHA256SUMS");
@@ -442,6 +459,18 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   EXPECT_EQ(f16["problems"], 2);
   EXPECT_GE(f16["wilson95_high"].get<double>(), f16["accuracy"].get<double>());
   EXPECT_EQ(events, 2 * (1 + 2));  // per scheme: the start and each problem
+  // One pair, f16 against int2, whose four counts partition the problems
+  // and agree with each scheme's own count.
+  ASSERT_EQ((*first)["paired"].size(), 1u);
+  const auto& pair = (*first)["paired"][0];
+  EXPECT_EQ(pair["a"], "f16");
+  EXPECT_EQ(pair["b"], "int2");
+  const int64_t only_a = pair["only_a_correct"], only_b = pair["only_b_correct"],
+                both = pair["both_correct"], neither = pair["neither_correct"];
+  EXPECT_EQ(only_a + only_b + both + neither, 2);
+  EXPECT_EQ(only_a + both, f16["correct"].get<int64_t>());
+  EXPECT_EQ(only_b + both, (*first)["schemes"][1]["correct"].get<int64_t>());
+  EXPECT_EQ(pair["mcnemar_exact_p"].get<double>(), McNemarExactP(only_a, only_b));
   // Rerun: nothing new; one more problem: only it runs, per scheme.
   events = 0;
   auto again = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path,

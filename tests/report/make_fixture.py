@@ -173,7 +173,10 @@ def gsm8k():
     return {"data": "../shared/data/gsm8k/test.jsonl", "data_sha256": "3730d312",
             "problems": 250, "selection": "the first 250 problems of the file", "chat": True,
             "max_new_tokens": 320, "rule": "greedy; last number vs the number after ####",
-            "results_dir": "kvq-study-results/fixture/gsm8k", "schemes": out}
+            "results_dir": "kvq-study-results/fixture/gsm8k", "schemes": out,
+            "paired": [{"a": "f16", "b": "kivi2", "only_a_correct": 20, "only_b_correct": 10,
+                        "both_correct": 60, "neither_correct": 160,
+                        "mcnemar_exact_p": 0.0987}]}
 
 
 F16_BYTES = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # 2048 bytes per token

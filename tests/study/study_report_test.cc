@@ -204,6 +204,8 @@ TEST(StudyReport, PageHoldsLibrariesChartsTablesAndSelfCheck) {
   }
   EXPECT_NE(page.find("<td>not run</td>"), std::string::npos);
   EXPECT_NE(page.find("<td><b>int2-c32-asym/int2-g32-asym</b></td>"), std::string::npos);
+  EXPECT_NE(page.find("<th>exact McNemar p</th>"), std::string::npos);
+  EXPECT_NE(page.find("<td>0.0987</td>"), std::string::npos);  // the fixture's pair
   for (const json& s : study["schemes"]) {
     EXPECT_NE(page.find("<td><b>" + s["name"].get<std::string>() + "</b></td>"), std::string::npos)
         << s["name"];
@@ -287,6 +289,11 @@ TEST(StudyReport, MalformedInputIsAClearError) {
        {{"schemes", {{{"name", "f16"}, {"cells", {{{"task", "t"}, {"context", 512}}}}}}}}}};
   json bad_gsm8k = {{"kvq_study_version", kStudyVersion},
                     {"gsm8k", {{"schemes", {{{"name", "f16"}, {"accuracy", "high"}}}}}}};
+  json bad_pair = {{"kvq_study_version", kStudyVersion},
+                   {"gsm8k",
+                    {{"schemes", {{{"name", "f16"}, {"accuracy", 0.5}}}},
+                     {"rule", "r"},
+                     {"paired", {{{"a", "f16"}, {"b", "int2"}, {"mcnemar_exact_p", "small"}}}}}}};
   json bad_bias = {{"kvq_study_version", kStudyVersion},
                    {"outliers", {{"k_bias", {{"layer_norms", 3}}}, {"layers", json::array()}}}};
   json short_memory = {
@@ -309,6 +316,7 @@ TEST(StudyReport, MalformedInputIsAClearError) {
        "outliers.layers[0].k_pre_rope_channel_mean_abs[0][1]: expected a number"},
       {"needle cell without trials", bad_needle, "needle.schemes[0].cells[0]: needs"},
       {"gsm8k accuracy a string", bad_gsm8k, "gsm8k.schemes[0].accuracy: expected a number"},
+      {"gsm8k pair's p a string", bad_pair, "gsm8k.paired[0].mcnemar_exact_p: expected a number"},
       {"k_bias norms not an array", bad_bias, "outliers.k_bias.layer_norms: expected an array"},
       {"memory lengths differ", short_memory, "memory.series[0].bytes: 1 values for 2 contexts"},
       {"recall without trials", bad_recall, "schemes[0].recall[0]: needs"},

@@ -109,8 +109,8 @@ TEST_P(MatmulTest, DenseOddColumns) {
 
 // MatmulPacked's edges: rows around the panel height (2..64 rows by target:
 // 2, 4, 8 or 16 lanes x 2 or 4 vectors), columns around its 128-column depth
-// blocks (Q8_0 only in whole 32-blocks), tokens around its tile width (4 or
-// 6) and around the routing switch at 32.
+// blocks (Q8_0 only in whole 32-blocks), tokens around its tile width (6)
+// and around the routing switch at 32.
 TEST_P(MatmulTest, PackedTileEdges) {
   std::mt19937 rng(24);
   struct Shape {

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Two builds alternated round by round: per-round ratios and their median.
+
+A run directory DIR holds ab-labels.txt ("BEFORE AFTER") and, per build and
+round R, <label>-R.json (ops_bench --benchmark_format=json; its read probe
+line before the JSON is skipped) and/or <label>-R.bench.md (`kvq bench`
+table rows). Every benchmark gets a row: each round's figure for both builds
+and AFTER's speed over BEFORE's per round (time ratio for ops_bench, t/s
+ratio for kvq bench), with the median. Rounds ran one after the other on a
+shared machine, so only same-round ratios are compared.
+
+  bench/ab_rounds_table.py render DIR
+  bench/ab_rounds_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into the
+                                                  <!-- ab-rounds:NAME --> block)
+  bench/ab_rounds_table.py check DOC ROOT        (a ctest: every block is current)
+  bench/ab_rounds_table.py peer DIR              (the llama.cpp ratio rows of every
+                                                  DIR/*vs-llamacpp*.log, the
+                                                  <!-- vs-llamacpp:NAME --> block)
+  bench/ab_rounds_table.py --self-test ROOT
+"""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import doc_blocks  # noqa: E402
+
+
+def read_round(directory, label, rnd):
+    """{benchmark: (figure, unit, higher_is_better)} of one build's round."""
+    out = {}
+    path = os.path.join(directory, f"{label}-{rnd}.json")
+    if os.path.exists(path):
+        text = open(path).read()
+        for b in json.loads(text[text.index("{"):])["benchmarks"]:
+            if b.get("run_type") != "aggregate":
+                name = b["name"].replace("/manual_time", "")
+                out[name] = (b["real_time"] / 1e6, "ms", False)  # ns -> ms
+    path = os.path.join(directory, f"{label}-{rnd}.bench.md")
+    if os.path.exists(path):
+        for line in open(path):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 8 and re.match(r"(pp|tg)\d+", cells[6]):
+                model = os.path.basename(cells[0].split()[-1])
+                out[f"kvq bench {cells[6]} {model} {cells[5]} cache, {cells[4]} threads"] = (
+                    float(cells[7].split("±")[0]), "t/s", True)
+    return out
+
+
+def render(directory):
+    before, after = open(os.path.join(directory, "ab-labels.txt")).read().split()
+    rounds = sorted({int(m.group(1)) for p in os.listdir(directory)
+                     for m in [re.match(re.escape(before) + r"-(\d+)\.", p)] if m})
+    if not rounds:
+        sys.exit(f"ab_rounds_table: {directory}: no {before}-R results")
+    runs = [(read_round(directory, before, r), read_round(directory, after, r)) for r in rounds]
+    lines = [f"| benchmark | unit | {before} (rounds) | {after} (rounds) | "
+             f"{after} speed / {before} per round | median |",
+             "| --- | --- | --- | --- | --- | ---: |"]
+    for name in sorted(set.intersection(*(set(a) & set(b) for a, b in runs))):
+        a = [run[0][name][0] for run in runs]
+        b = [run[1][name][0] for run in runs]
+        unit, higher = runs[0][0][name][1:]
+        ratios = [(y / x) if higher else (x / y) for x, y in zip(a, b)]
+        lines.append(f"| {name} | {unit} | {' '.join(f'{v:.1f}' for v in a)} | "
+                     f"{' '.join(f'{v:.1f}' for v in b)} | "
+                     f"{' '.join(f'{v:.2f}' for v in ratios)} | "
+                     f"{statistics.median(ratios):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_peer(directory):
+    """The ratio rows bench/vs_llamacpp.sh printed, per log, in run order."""
+    lines = ["| log | test | llama.cpp t/s | kvq t/s | kvq / llama.cpp |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for path in sorted(glob.glob(os.path.join(directory, "*vs-llamacpp*.log"))):
+        for line in open(path):
+            if re.match(r"\| (pp|tg)\d+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ \|$",
+                        line.strip()):
+                lines.append(f"| {os.path.basename(path)} {line.strip()}")
+    if len(lines) == 2:
+        sys.exit(f"ab_rounds_table: {directory}: no vs_llamacpp ratio rows")
+    return "\n".join(lines) + "\n"
+
+
+def render_named(root):
+    return lambda kind, name: (render if kind == "ab-rounds" else render_peer)(
+        os.path.join(root, name))
+
+
+def main(argv):
+    if argv[:1] == ["render"] and len(argv) == 2:
+        sys.stdout.write(render(argv[1]))
+    elif argv[:1] == ["peer"] and len(argv) == 2:
+        sys.stdout.write(render_peer(argv[1]))
+    elif argv[:1] == ["embed"] and len(argv) == 4:
+        directory = os.path.join(argv[2], argv[3])
+        doc_blocks.embed("ab_rounds_table", argv[1], "ab-rounds", argv[3], render(directory))
+        if glob.glob(os.path.join(directory, "*vs-llamacpp*.log")):
+            doc_blocks.embed("ab_rounds_table", argv[1], "vs-llamacpp", argv[3],
+                             render_peer(directory))
+    elif argv[:1] == ["check"] and len(argv) == 3:
+        return doc_blocks.check(
+            "ab_rounds_table", argv[1], ["ab-rounds", "vs-llamacpp"], render_named(argv[2]),
+            lambda kind, name: f"bench/ab_rounds_table.py embed {argv[1]} {argv[2]} {name}",
+            require_one=True)
+    elif argv[:1] == ["--self-test"] and len(argv) == 2:
+        runs = sorted(os.path.basename(os.path.dirname(p))
+                      for p in glob.glob(os.path.join(argv[1], "*", "ab-labels.txt"))
+                      if glob.glob(os.path.join(os.path.dirname(p), "*-1.bench.md")))
+        if not runs:
+            sys.exit(f"ab_rounds_table: no run directories with kvq bench rounds under {argv[1]}")
+        return doc_blocks.self_test("ab_rounds_table", "ab-rounds", runs[0],
+                                    render_named(argv[1]), r"\| (\d+\.\d\d) \|\n")
+    else:
+        sys.exit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

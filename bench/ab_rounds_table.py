@@ -108,9 +108,7 @@ def main(argv):
             lambda kind, name: f"bench/ab_rounds_table.py embed {argv[1]} {argv[2]} {name}",
             require_one=True)
     elif argv[:1] == ["--self-test"] and len(argv) == 2:
-        runs = sorted(os.path.basename(os.path.dirname(p))
-                      for p in glob.glob(os.path.join(argv[1], "*", "ab-labels.txt"))
-                      if glob.glob(os.path.join(os.path.dirname(p), "*-1.bench.md")))
+        runs = doc_blocks.run_dirs(argv[1], "ab-labels.txt", "*-1.bench.md")
         if not runs:
             sys.exit(f"ab_rounds_table: no run directories with kvq bench rounds under {argv[1]}")
         return doc_blocks.self_test("ab_rounds_table", "ab-rounds", runs[0],

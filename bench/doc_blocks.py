@@ -9,6 +9,7 @@ the data gives, and `self_test` proves that `check` catches a changed figure.
 A script passes `render(kind, name) -> str`, the function that makes a
 block's text from its data.
 """
+import glob
 import os
 import re
 import sys
@@ -77,3 +78,14 @@ def self_test(tool, kind, name, render, figure):
             sys.exit(f"{tool} self-test: a changed figure was not caught")
     print(f"{tool} self-test: ok")
     return 0
+
+
+def run_dirs(root, marker, extra=None):
+    """Names of the directories under root that hold `marker` (and, when given,
+    a file matching the glob `extra`), sorted: the runs a self-test picks from."""
+    found = []
+    for path in glob.glob(os.path.join(root, "*", marker)):
+        directory = os.path.dirname(path)
+        if extra is None or glob.glob(os.path.join(directory, extra)):
+            found.append(os.path.basename(directory))
+    return sorted(found)

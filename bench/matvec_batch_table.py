@@ -67,8 +67,7 @@ def main(argv):
             lambda kind, name: f"bench/matvec_batch_table.py embed {argv[1]} {argv[2]} {name}",
             require_one=True)
     elif argv[:1] == ["--self-test"] and len(argv) == 2:
-        runs = sorted(os.path.basename(os.path.dirname(p))
-                      for p in glob.glob(os.path.join(argv[1], "*", "labels.txt")))
+        runs = doc_blocks.run_dirs(argv[1], "labels.txt")
         if not runs:
             sys.exit(f"matvec_batch_table: no run directories under {argv[1]}")
         return doc_blocks.self_test("matvec_batch_table", "matvec-batch", runs[0],

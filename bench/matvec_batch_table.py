@@ -11,6 +11,10 @@ least disturbed one on a shared machine) and their ratio.
   bench/matvec_batch_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into the
                                                      <!-- matvec-batch:NAME --> block)
   bench/matvec_batch_table.py check DOC ROOT        (a ctest: every block is current)
+  bench/matvec_batch_table.py crossover DIR         (MatvecInt8Batch against
+                                                     MatmulPackedBatch, best of every
+                                                     DIR/run-*.json: the
+                                                     <!-- packed-crossover:NAME --> block)
   bench/matvec_batch_table.py --self-test ROOT
 """
 import glob
@@ -51,19 +55,51 @@ def render(directory):
     return "\n".join(lines) + "\n"
 
 
+def render_crossover(directory):
+    """Per weight type and row count: the integer tile's and the packed GEMM's
+    best Gmac/s over every repetition of every run, and the tile's lead."""
+    best = {}
+    for path in sorted(glob.glob(os.path.join(directory, "run-*.json"))):
+        text = open(path).read()
+        for b in json.loads(text[text.index("{"):])["benchmarks"]:
+            m = re.match(r"(MatvecInt8Batch|MatmulPackedBatch)/(\w+)/(\d+x\d+)/n:(\d+)", b["name"])
+            if m and b.get("run_type") != "aggregate":
+                gmacs = b["Gmacs_cpu"] if m.group(1) == "MatvecInt8Batch" else b["GFLOPs_cpu"] / 2
+                key = (m.group(2), m.group(3), int(m.group(4)), m.group(1))
+                best[key] = max(best.get(key, 0.0), gmacs)
+    lines = ["| weights | shape | rows | integer tile Gmac/s | packed GEMM Gmac/s | tile / GEMM |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for t, shape, n, impl in sorted(best):
+        if impl == "MatvecInt8Batch" and (t, shape, n, "MatmulPackedBatch") in best:
+            a, b = best[(t, shape, n, impl)], best[(t, shape, n, "MatmulPackedBatch")]
+            lines.append(f"| {t} | {shape} | {n} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+    if len(lines) == 2:
+        sys.exit(f"matvec_batch_table: {directory}: no crossover pairs")
+    return "\n".join(lines) + "\n"
+
+
 def render_named(root):
-    return lambda kind, name: render(os.path.join(root, name))
+    return lambda kind, name: (render if kind == "matvec-batch" else render_crossover)(
+        os.path.join(root, name))
 
 
 def main(argv):
     if argv[:1] == ["render"] and len(argv) == 2:
         sys.stdout.write(render(argv[1]))
+    elif argv[:1] == ["crossover"] and len(argv) == 2:
+        sys.stdout.write(render_crossover(argv[1]))
     elif argv[:1] == ["embed"] and len(argv) == 4:
-        doc_blocks.embed("matvec_batch_table", argv[1], "matvec-batch", argv[3],
-                         render(os.path.join(argv[2], argv[3])))
+        directory = os.path.join(argv[2], argv[3])
+        if os.path.exists(os.path.join(directory, "labels.txt")):
+            doc_blocks.embed("matvec_batch_table", argv[1], "matvec-batch", argv[3],
+                             render(directory))
+        else:
+            doc_blocks.embed("matvec_batch_table", argv[1], "packed-crossover", argv[3],
+                             render_crossover(directory))
     elif argv[:1] == ["check"] and len(argv) == 3:
         return doc_blocks.check(
-            "matvec_batch_table", argv[1], ["matvec-batch"], render_named(argv[2]),
+            "matvec_batch_table", argv[1], ["matvec-batch", "packed-crossover"],
+            render_named(argv[2]),
             lambda kind, name: f"bench/matvec_batch_table.py embed {argv[1]} {argv[2]} {name}",
             require_one=True)
     elif argv[:1] == ["--self-test"] and len(argv) == 2:

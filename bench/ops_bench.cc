@@ -361,14 +361,18 @@ void RegisterMatvec() {
         ->Arg(16)
         ->Arg(31)
         ->Arg(32)
+        ->Arg(48)
+        ->Arg(56)
         ->Arg(64);
-    // What a step of 32 or more rows runs instead (kPackedMinTokens): the
-    // packed f32 GEMM on the same shape, one thread, for the crossover.
+    // What a step of PackedMinTokens or more rows runs instead: the packed
+    // f32 GEMM on the same shape, one thread, for the crossover.
     benchmark::RegisterBenchmark(
         (std::string("MatmulPackedBatch/") + WeightTypeName(t) + "/1536x1536").c_str(), BM_Matmul,
         t, 1536, 1536, MatmulImpl::kPacked, false)
         ->ArgNames({"n", "threads"})
         ->Args({32, 1})
+        ->Args({48, 1})
+        ->Args({56, 1})
         ->Args({64, 1})
         ->UseManualTime();
   }

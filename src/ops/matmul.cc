@@ -75,9 +75,16 @@ bool Int8DotIsFaster(WeightType type) {
   }
 }
 
+int64_t PackedMinTokens(WeightType type, DecodeArith arith) {
+  if (arith != DecodeArith::kInt8Dot) return kPackedMinTokens;
+  if (type == WeightType::kQ4_K) return 48;
+  if (type == WeightType::kQ6_K) return 64;
+  return kPackedMinTokens;
+}
+
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
             MatmulWorkspace* workspace, DecodeArith arith) {
-  if (n >= kPackedMinTokens) {
+  if (n >= PackedMinTokens(w.type, arith)) {
     MatmulPacked(w, x, n, y, num_threads, workspace);
   } else if (arith == DecodeArith::kInt8Dot && Int8DotIsFaster(w.type)) {
     const int64_t bytes = n * Int8ActRowBytes(w.type, w.cols);

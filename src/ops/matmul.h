@@ -52,7 +52,8 @@ class MatmulWorkspace {
 };
 
 // Batches of at least this many tokens go to MatmulPacked, smaller ones to
-// MatvecBatch.
+// MatvecBatch or the integer path, on every weight type (the floor of
+// PackedMinTokens).
 inline constexpr int64_t kPackedMinTokens = 32;
 
 // The arithmetic of the small-n (decode) products on block-quantized
@@ -76,8 +77,16 @@ enum class DecodeArith : uint8_t {
 // 20.7, Q5_1 18.1 vs 19.1, Q4_0 19.5 vs 20.8, Q5_K 12.1 vs 15.8.
 bool Int8DotIsFaster(WeightType type);
 
+// The row count from which Matmul takes MatmulPacked for `type` under
+// `arith`: kPackedMinTokens, but on the integer path 48 for Q4_K and 64 for
+// Q6_K. One thread, best of 12 (docs/bench/packed-crossover-s20/): the
+// 4-token integer tiles (matvec_int8.cc) ran Q4_K 1.37x the packed GEMM at
+// 32 rows and even at 48; Q6_K 1.56x at 32 and still 1.23x at 64, the most
+// measured.
+int64_t PackedMinTokens(WeightType type, DecodeArith arith);
+
 // y[n, w.rows] = x[n, w.cols] · Wᵀ, choosing the implementation as above;
-// below kPackedMinTokens, the types of Int8DotIsFaster take the integer
+// below PackedMinTokens, the types of Int8DotIsFaster take the integer
 // path when `arith` is kInt8Dot. x and y must not overlap.
 // `workspace` holds MatmulPacked's buffers and the quantized activations;
 // it may be null only when n < kPackedMinTokens (the integer path then

@@ -238,27 +238,43 @@ TEST(QuantizeActsTest, FormatsAndSizes) {
   EXPECT_EQ(Int8ActRowBytes(WeightType::kIQ4_NL, 64), 2 * 34);
 }
 
-// Matmul's decode routing: kInt8Dot takes the integer path exactly on the
+// Matmul's routing: kInt8Dot takes the integer path exactly on the
 // Int8DotIsFaster types (bit-identical to quantizing and calling
-// MatvecInt8), kExactF32 never; with or without a workspace.
-TEST(MatmulDecodeArithTest, RoutesByTypeAndChoice) {
+// MatvecInt8), kExactF32 never; from PackedMinTokens rows (32; on the
+// integer path 48 for Q4_K, 64 for Q6_K) every call is MatmulPacked's, bit
+// for bit. Without a workspace below 32 rows too.
+TEST(MatmulDecodeArithTest, RoutesByTypeChoiceAndRows) {
   std::mt19937 rng(11);
   for (WeightType type : kIntTypes) {
-    const int64_t rows = 37, cols = 2 * kQKBlock, n = 3;
+    const int64_t integer_rows = type == WeightType::kQ4_K   ? 48
+                                 : type == WeightType::kQ6_K ? 64
+                                                             : kPackedMinTokens;
+    EXPECT_EQ(PackedMinTokens(type, DecodeArith::kInt8Dot), integer_rows);
+    EXPECT_EQ(PackedMinTokens(type, DecodeArith::kExactF32), kPackedMinTokens);
+    const int64_t rows = 37, cols = 2 * kQKBlock;
     const auto w = RandomWeight(rng, type, rows, cols, 0.5f);
-    const std::vector<float> x = opstest::RandomVector(rng, n * cols, 1.0f);
-    std::vector<uint8_t> acts(static_cast<size_t>(n * Int8ActRowBytes(type, cols)));
-    QuantizeActs(type, x.data(), n, cols, acts.data());
-    std::vector<float> int8(n * rows), exact(n * rows), y(n * rows), y_null(n * rows);
-    MatvecInt8(w.view(), acts.data(), n, int8.data(), 2);
-    MatvecBatch(w.view(), x.data(), n, exact.data(), 2);
-    MatmulWorkspace ws;
-    Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kInt8Dot);
-    Matmul(w.view(), x.data(), n, y_null.data(), 2, nullptr, DecodeArith::kInt8Dot);
-    EXPECT_EQ(y, Int8DotIsFaster(type) ? int8 : exact) << WeightTypeName(type);
-    EXPECT_EQ(y_null, y) << WeightTypeName(type);
-    Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kExactF32);
-    EXPECT_EQ(y, exact) << WeightTypeName(type);
+    for (int64_t n : {3, 31, 32, 47, 48, 63, 64}) {
+      const std::string what = std::string(WeightTypeName(type)) + " n " + std::to_string(n);
+      const std::vector<float> x = opstest::RandomVector(rng, n * cols, 1.0f);
+      std::vector<uint8_t> acts(static_cast<size_t>(n * Int8ActRowBytes(type, cols)));
+      QuantizeActs(type, x.data(), n, cols, acts.data());
+      std::vector<float> int8(n * rows), exact(n * rows), packed(n * rows), y(n * rows);
+      MatmulWorkspace ws;
+      MatvecInt8(w.view(), acts.data(), n, int8.data(), 2);
+      MatvecBatch(w.view(), x.data(), n, exact.data(), 2);
+      MatmulPacked(w.view(), x.data(), n, packed.data(), 2, &ws);
+      Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kInt8Dot);
+      const bool int8_route =
+          Int8DotIsFaster(type) && n < PackedMinTokens(type, DecodeArith::kInt8Dot);
+      EXPECT_EQ(y, int8_route ? int8 : n >= kPackedMinTokens ? packed : exact) << what;
+      if (n < kPackedMinTokens) {
+        std::vector<float> y_null(n * rows);
+        Matmul(w.view(), x.data(), n, y_null.data(), 2, nullptr, DecodeArith::kInt8Dot);
+        EXPECT_EQ(y_null, y) << what;
+      }
+      Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kExactF32);
+      EXPECT_EQ(y, n >= kPackedMinTokens ? packed : exact) << what;
+    }
   }
 }
 

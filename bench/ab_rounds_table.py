@@ -5,8 +5,8 @@ A run directory DIR holds ab-labels.txt ("BEFORE AFTER") and, per build and
 round R, <label>-R.json (ops_bench --benchmark_format=json; its read probe
 line before the JSON is skipped) and/or <label>-R.bench.md (`kvq bench`
 table rows). Every benchmark gets a row: each round's figure for both builds
-and AFTER's speed over BEFORE's per round (time ratio for ops_bench, t/s
-ratio for kvq bench), with the median. Rounds ran one after the other on a
+and AFTER's speed over BEFORE's per round (time ratio for ops_bench and
+seconds, t/s ratio for kvq bench), with the median. Rounds ran one after the other on a
 shared machine, so only same-round ratios are compared.
 
   bench/ab_rounds_table.py render DIR
@@ -47,6 +47,11 @@ def read_round(directory, label, rnd):
                 model = os.path.basename(cells[0].split()[-1])
                 out[f"kvq bench {cells[6]} {model} {cells[5]} cache, {cells[4]} threads"] = (
                     float(cells[7].split("±")[0]), "t/s", True)
+    path = os.path.join(directory, f"{label}-{rnd}.seconds")
+    if os.path.exists(path):  # "WHAT<TAB>SECONDS" lines: wall time of a whole command
+        for line in open(path):
+            what, seconds = line.rstrip("\n").split("\t")
+            out[what] = (float(seconds), "s", False)
     return out
 
 

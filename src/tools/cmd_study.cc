@@ -20,6 +20,7 @@
 #include "io/mapped_file.h"
 #include "study/study.h"
 #include "study/study_decode.h"
+#include "study/study_files.h"
 #include "study/study_report.h"
 #include "study/study_resume.h"
 #include "tools/commands.h"
@@ -372,11 +373,9 @@ int RunStudyCommand(const StudyFlags& flags) {
       return CommandError("study", "--compare reads study JSONs: no -m with it");
     if (flags.report.empty()) return CommandError("study", "--compare needs --report OUT.html");
     for (const std::string& path : flags.compare) {
-      auto text = ReadTextFile(path);
-      if (!text.ok()) return CommandError("study", text.status().message());
-      nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-      if (j.is_discarded()) return CommandError("study", path + ": not valid JSON");
-      studies.push_back(std::move(j));
+      auto study = LoadStudy(path);
+      if (!study.ok()) return CommandError("study", study.status().message());
+      studies.push_back(std::move(study).value());
     }
   } else {
     std::vector<std::string> models = flags.models;
@@ -433,7 +432,9 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "(study-<model>.json) and one report putting them side by side")
       ->transform(ModelArgResolver());
   cmd->add_option("--compare", flags->compare,
-                  "Study JSONs (comma-separated) to put side by side in --report; runs nothing")
+                  "Study JSONs or study directories (comma-separated; a directory is its "
+                  "study.json with the long stages' needle.json, gsm8k.json, context_kl.json) "
+                  "to put side by side in --report; runs nothing")
       ->delimiter(',');
   cmd->add_option("-f,--file", flags->file,
                   "Held-out text (default: .deps/corpus/test.txt when present)");

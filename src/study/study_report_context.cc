@@ -113,7 +113,9 @@ StatusOr<MaybeChart> CompareContextKl(const std::vector<json>& studies,
   if (values.empty()) return MaybeChart();
   json spec = BaseSpec();
   spec["data"] = {{"values", values}};
-  spec["facet"] = {{"column", {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}}}};
+  // Wrapped, 3 panels a row: one row of 5+ schemes is wider than the page.
+  spec["facet"] = {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}};
+  spec["columns"] = 3;
   spec["spec"] = LineLayer("model", 260);
   return MaybeChart(StudyChart{
       "compare-context-kl", "KL vs f16 by context length, model by model",

@@ -9,13 +9,13 @@ and AFTER's speed over BEFORE's per round (time ratio for ops_bench and
 seconds, t/s ratio for kvq bench), with the median. Rounds ran one after the other on a
 shared machine, so only same-round ratios are compared.
 
-  bench/ab_rounds_table.py render DIR
-  bench/ab_rounds_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into the
-                                                  <!-- ab-rounds:NAME --> block)
+A second kind, vs-llamacpp, lists the llama.cpp ratio rows of every
+DIR/*vs-llamacpp*.log (bench/vs_llamacpp.sh's output).
+
+  bench/ab_rounds_table.py render DIR [ab-rounds|vs-llamacpp]
+  bench/ab_rounds_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into its
+                                                  <!-- KIND:NAME --> blocks)
   bench/ab_rounds_table.py check DOC ROOT        (a ctest: every block is current)
-  bench/ab_rounds_table.py peer DIR              (the llama.cpp ratio rows of every
-                                                  DIR/*vs-llamacpp*.log, the
-                                                  <!-- vs-llamacpp:NAME --> block)
   bench/ab_rounds_table.py --self-test ROOT
 """
 import glob
@@ -91,36 +91,18 @@ def render_peer(directory):
     return "\n".join(lines) + "\n"
 
 
-def render_named(root):
-    return lambda kind, name: (render if kind == "ab-rounds" else render_peer)(
-        os.path.join(root, name))
+KINDS = {"ab-rounds": render, "vs-llamacpp": render_peer}
+
+
+def applies(kind, directory):
+    return kind == "ab-rounds" or bool(glob.glob(os.path.join(directory, "*vs-llamacpp*.log")))
 
 
 def main(argv):
-    if argv[:1] == ["render"] and len(argv) == 2:
-        sys.stdout.write(render(argv[1]))
-    elif argv[:1] == ["peer"] and len(argv) == 2:
-        sys.stdout.write(render_peer(argv[1]))
-    elif argv[:1] == ["embed"] and len(argv) == 4:
-        directory = os.path.join(argv[2], argv[3])
-        doc_blocks.embed("ab_rounds_table", argv[1], "ab-rounds", argv[3], render(directory))
-        if glob.glob(os.path.join(directory, "*vs-llamacpp*.log")):
-            doc_blocks.embed("ab_rounds_table", argv[1], "vs-llamacpp", argv[3],
-                             render_peer(directory))
-    elif argv[:1] == ["check"] and len(argv) == 3:
-        return doc_blocks.check(
-            "ab_rounds_table", argv[1], ["ab-rounds", "vs-llamacpp"], render_named(argv[2]),
-            lambda kind, name: f"bench/ab_rounds_table.py embed {argv[1]} {argv[2]} {name}",
-            require_one=True)
-    elif argv[:1] == ["--self-test"] and len(argv) == 2:
-        runs = doc_blocks.run_dirs(argv[1], "ab-labels.txt", "*-1.bench.md")
-        if not runs:
-            sys.exit(f"ab_rounds_table: no run directories with kvq bench rounds under {argv[1]}")
-        return doc_blocks.self_test("ab_rounds_table", "ab-rounds", runs[0],
-                                    render_named(argv[1]), r"\| (\d+\.\d\d) \|\n")
-    else:
-        sys.exit(__doc__)
-    return 0
+    return doc_blocks.cli(
+        "ab_rounds_table", argv, KINDS, applies,
+        lambda root: doc_blocks.run_dirs(root, "ab-labels.txt", "*-1.bench.md"),
+        r"\| (\d+\.\d\d) \|\n", __doc__)
 
 
 if __name__ == "__main__":

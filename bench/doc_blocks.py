@@ -89,3 +89,42 @@ def run_dirs(root, marker, extra=None):
         if extra is None or glob.glob(os.path.join(directory, extra)):
             found.append(os.path.basename(directory))
     return sorted(found)
+
+
+def cli(tool, argv, kinds, applies, self_test_run, figure, usage):
+    """The table scripts' command line (usage: the script's docstring):
+
+      render DIR [KIND]      KIND's table of DIR (default: the first kind)
+      embed DOC ROOT NAME    every kind that applies to ROOT/NAME, into DOC's
+                             <!-- KIND:NAME --> blocks
+      check DOC ROOT         a ctest: every block of these kinds is current
+      --self-test ROOT       check catches a changed figure (regex `figure`) in
+                             a block of the first run self_test_run(ROOT) names
+
+    kinds: {kind: render(directory)}, in order; applies(kind, directory):
+    whether a run directory holds that kind's data."""
+    def named(root):
+        return lambda kind, name: kinds[kind](os.path.join(root, name))
+
+    script = f"bench/{tool}.py"
+    if argv[:1] == ["render"] and len(argv) in (2, 3) and (len(argv) == 2 or argv[2] in kinds):
+        sys.stdout.write(kinds[argv[2] if len(argv) == 3 else next(iter(kinds))](argv[1]))
+    elif argv[:1] == ["embed"] and len(argv) == 4:
+        directory = os.path.join(argv[2], argv[3])
+        wrote = [embed(tool, argv[1], kind, argv[3], make(directory))
+                 for kind, make in kinds.items() if applies(kind, directory)]
+        if not wrote:
+            sys.exit(f"{tool}: {directory} holds no data for {', '.join(kinds)}")
+    elif argv[:1] == ["check"] and len(argv) == 3:
+        return check(tool, argv[1], list(kinds), named(argv[2]),
+                     lambda kind, name: f"{script} embed {argv[1]} {argv[2]} {name}",
+                     require_one=True)
+    elif argv[:1] == ["--self-test"] and len(argv) == 2:
+        runs = self_test_run(argv[1])
+        if not runs:
+            sys.exit(f"{tool}: no run directories under {argv[1]}")
+        first = next(iter(kinds))
+        return self_test(tool, first, runs[0], named(argv[1]), figure)
+    else:
+        sys.exit(usage)
+    return 0

@@ -7,14 +7,13 @@ labels.txt naming them: "BEFORE AFTER". The table gives, per weight type and
 token count, each build's best Gmacs_cpu over every repetition and run (the
 least disturbed one on a shared machine) and their ratio.
 
-  bench/matvec_batch_table.py render DIR
-  bench/matvec_batch_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into the
-                                                     <!-- matvec-batch:NAME --> block)
+A directory without labels.txt is a crossover run instead (packed-crossover):
+MatvecInt8Batch against MatmulPackedBatch, best of every DIR/run-*.json.
+
+  bench/matvec_batch_table.py render DIR [matvec-batch|packed-crossover]
+  bench/matvec_batch_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into its
+                                                     <!-- KIND:NAME --> block)
   bench/matvec_batch_table.py check DOC ROOT        (a ctest: every block is current)
-  bench/matvec_batch_table.py crossover DIR         (MatvecInt8Batch against
-                                                     MatmulPackedBatch, best of every
-                                                     DIR/run-*.json: the
-                                                     <!-- packed-crossover:NAME --> block)
   bench/matvec_batch_table.py --self-test ROOT
 """
 import glob
@@ -78,39 +77,18 @@ def render_crossover(directory):
     return "\n".join(lines) + "\n"
 
 
-def render_named(root):
-    return lambda kind, name: (render if kind == "matvec-batch" else render_crossover)(
-        os.path.join(root, name))
+KINDS = {"matvec-batch": render, "packed-crossover": render_crossover}
+
+
+def applies(kind, directory):
+    has_labels = os.path.exists(os.path.join(directory, "labels.txt"))
+    return has_labels if kind == "matvec-batch" else not has_labels
 
 
 def main(argv):
-    if argv[:1] == ["render"] and len(argv) == 2:
-        sys.stdout.write(render(argv[1]))
-    elif argv[:1] == ["crossover"] and len(argv) == 2:
-        sys.stdout.write(render_crossover(argv[1]))
-    elif argv[:1] == ["embed"] and len(argv) == 4:
-        directory = os.path.join(argv[2], argv[3])
-        if os.path.exists(os.path.join(directory, "labels.txt")):
-            doc_blocks.embed("matvec_batch_table", argv[1], "matvec-batch", argv[3],
-                             render(directory))
-        else:
-            doc_blocks.embed("matvec_batch_table", argv[1], "packed-crossover", argv[3],
-                             render_crossover(directory))
-    elif argv[:1] == ["check"] and len(argv) == 3:
-        return doc_blocks.check(
-            "matvec_batch_table", argv[1], ["matvec-batch", "packed-crossover"],
-            render_named(argv[2]),
-            lambda kind, name: f"bench/matvec_batch_table.py embed {argv[1]} {argv[2]} {name}",
-            require_one=True)
-    elif argv[:1] == ["--self-test"] and len(argv) == 2:
-        runs = doc_blocks.run_dirs(argv[1], "labels.txt")
-        if not runs:
-            sys.exit(f"matvec_batch_table: no run directories under {argv[1]}")
-        return doc_blocks.self_test("matvec_batch_table", "matvec-batch", runs[0],
-                                    render_named(argv[1]), r"\| (\d+\.\d) \|")
-    else:
-        sys.exit(__doc__)
-    return 0
+    return doc_blocks.cli("matvec_batch_table", argv, KINDS, applies,
+                          lambda root: doc_blocks.run_dirs(root, "labels.txt"),
+                          r"\| (\d+\.\d) \|", __doc__)
 
 
 if __name__ == "__main__":

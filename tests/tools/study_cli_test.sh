@@ -79,8 +79,24 @@ assert [s["name"] for s in j["needle"]["schemes"]] == ["f16"]
 assert j["needle"]["schemes"][0]["cells"][0]["trials"] == 2
 assert [s["name"] for s in j["gsm8k"]["schemes"]] == ["f16", "int4"]
 assert 0 <= j["gsm8k"]["schemes"][0]["wilson95_low"] <= j["gsm8k"]["schemes"][0]["wilson95_high"]
+pair = j["gsm8k"]["paired"][0]
+assert (pair["a"], pair["b"]) == ("f16", "int4")
+assert sum(pair[k] for k in ("only_a_correct", "only_b_correct", "both_correct",
+                             "neither_correct")) == 2
+assert 0 < pair["mcnemar_exact_p"] <= 1
 PY
 "$KVQ" study --compare "$WORK/study.json,$WORK/long.json" --report "$WORK/compare.html" \
   >"$WORK/out" 2>"$WORK/err" || fail "--compare failed: $(cat "$WORK/err")"
 grep -q "models side by side" "$WORK/compare.html" || fail "no comparison page"
+# A study directory: study.json plus a long stage's file beside it, merged.
+rm -rf "$WORK/dir" && mkdir -p "$WORK/dir"
+cp "$WORK/study.json" "$WORK/dir/study.json"
+cp "$WORK/long.json" "$WORK/dir/gsm8k.json"
+"$KVQ" study --compare "$WORK/dir,$WORK/study.json" --report "$WORK/compare-dir.html" \
+  >"$WORK/out" 2>"$WORK/err" || fail "--compare of a directory failed: $(cat "$WORK/err")"
+grep -q 'id="chart-compare-tasks"' "$WORK/compare-dir.html" ||
+  fail "the directory's gsm8k.json did not reach the comparison page"
+cp "$WORK/long.json" "$WORK/dir/needle.json"  # holds gsm8k too, but only needle is read
+"$KVQ" study --compare "$WORK/dir" --report "$WORK/compare-dir.html" >"$WORK/out" 2>"$WORK/err" ||
+  fail "--compare with needle.json beside gsm8k.json failed: $(cat "$WORK/err")"
 echo "ok"

@@ -196,9 +196,9 @@ StatusOr<MaybeChart> Gsm8kChart(const json& study) {
       "gsm8k", "Reasoning: GSM8K accuracy per scheme",
       "Greedy answers to the same " + (n ? std::to_string(*n) : std::string("")) +
           " GSM8K test problems for every scheme; a problem counts when the model's last "
-          "number equals the reference's. Bars: accuracy; lines: 95% Wilson intervals (two "
-          "schemes whose intervals overlap widely are not distinguished by this many "
-          "problems).",
+          "number equals the reference's. Bars: accuracy; lines: 95% Wilson intervals. "
+          "Overlapping intervals do not make two schemes equal: the pairs table below "
+          "compares them on the same problems (exact McNemar test).",
       std::move(spec)});
 }
 

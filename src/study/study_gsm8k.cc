@@ -50,13 +50,13 @@ std::string CutAtNextQuestion(const std::string& text) {
   return at == std::string::npos ? text : text.substr(0, at);
 }
 
-// Every pair of schemes on the same problems (scheme order): who got which
-// right, and the exact McNemar p-value of the split.
-Json PairedComparisons(const std::vector<std::string>& names,
-                       const std::vector<std::vector<bool>>& correct) {
+// Every pair of the section's schemes (their summaries, in order) on the
+// same problems: who got which right, and the exact McNemar p-value of the
+// split. correct[s][i]: scheme s's outcome on problem i.
+Json PairedComparisons(const Json& schemes, const std::vector<std::vector<bool>>& correct) {
   Json pairs = Json::array();
-  for (size_t a = 0; a < names.size(); ++a) {
-    for (size_t b = a + 1; b < names.size(); ++b) {
+  for (size_t a = 0; a < schemes.size(); ++a) {
+    for (size_t b = a + 1; b < schemes.size(); ++b) {
       int64_t only_a = 0, only_b = 0, both = 0, neither = 0;
       for (size_t i = 0; i < correct[a].size(); ++i) {
         const bool ra = correct[a][i], rb = correct[b][i];
@@ -65,8 +65,8 @@ Json PairedComparisons(const std::vector<std::string>& names,
         both += ra && rb;
         neither += !ra && !rb;
       }
-      pairs.push_back({{"a", names[a]},
-                       {"b", names[b]},
+      pairs.push_back({{"a", schemes[a]["name"]},
+                       {"b", schemes[b]["name"]},
                        {"only_a_correct", only_a},
                        {"only_b_correct", only_b},
                        {"both_correct", both},
@@ -313,7 +313,6 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
       {"decode_batch", o.batch}};  // not the problem count: a rerun may add problems
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, config));
   Json list = Json::array();
-  std::vector<std::string> names;
   std::vector<std::vector<bool>> correct;  // [scheme][problem]
   for (const Gsm8kScheme& scheme : schemes) {
     const std::string path = (fs::path(dir) / (ResultFileStem(scheme.name) + ".jsonl")).string();
@@ -327,10 +326,10 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
       const Status answered = AnswerMissing(model, data, scheme, o, n, log, done, p, progress);
       if (!answered.ok()) return answered.WithContext("GSM8K " + scheme.name);
     }
-    names.push_back(scheme.name);
     correct.emplace_back();
     list.push_back(SummarizeScheme(scheme.name, done, n, correct.back()));
   }
+  Json paired = PairedComparisons(list, correct);
   return Json{{"data", data_path},
               {"data_sha256", digest},
               {"problems", n},
@@ -344,7 +343,7 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
                "problems"},
               {"results_dir", dir},
               {"schemes", std::move(list)},
-              {"paired", PairedComparisons(names, correct)}};
+              {"paired", std::move(paired)}};
 }
 
 }  // namespace kvq

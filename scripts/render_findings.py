@@ -10,7 +10,8 @@ docs/findings.md mixes prose with blocks the prose may not edit by hand:
 Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M`,
 `needle M`, `gsm8k M` (one model's study; the last three also from
 M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
-`compare` (every shipped model side by side) and `progress` (what the
+`compare` (every shipped model side by side), `context_kl_sizes` (KL by
+context length, every model that has run the stage, smallest first) and `progress` (what the
 resumable runs have recorded under M/results/ so far, per scheme). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when the prose quotes a decimal number (3.14, 2.5x, 96.3%) that no
@@ -165,6 +166,28 @@ def render_context_kl(study):
     return text + (f"\nBest 2-bit scheme at the longest length: `{best}`.\n" if best else "")
 
 
+def render_context_kl_sizes(studies):
+    """One row per (scheme, model): how the error grows with context across sizes."""
+    names = [n for n in studies if "context_kl" in studies[n]]
+    if not names:
+        raise KeyError("block 'context_kl_sizes': no model has a context_kl section")
+    lengths = sorted({n for m in names for n in studies[m]["context_kl"]["lengths"]})
+    order = []
+    for m in names:
+        for s in studies[m]["context_kl"]["schemes"]:
+            if not s["baseline"] and s["name"] not in order:
+                order.append(s["name"])
+    rows = []
+    for scheme in order:
+        for m in names:
+            s = next((x for x in studies[m]["context_kl"]["schemes"] if x["name"] == scheme), None)
+            if s is None:
+                continue
+            kl = {p["context"]: p["kl_mean"] for p in s["points"]}
+            rows.append([f"`{scheme}`", m] + [fmt(kl[n]) if n in kl else "" for n in lengths])
+    return table(["scheme", "model"] + [f"KL @ {n}" for n in lengths], rows)
+
+
 def cell_rate(cells):
     correct, trials = sum(c["correct"] for c in cells), sum(c["trials"] for c in cells)
     return f"{pct(correct / trials)} ({correct}/{trials})" if trials else ""
@@ -292,6 +315,8 @@ def render(doc, studies, study_dir):
         kind, model = m.group(2), m.group(3)
         if kind == "compare":
             body = render_compare(studies)
+        elif kind == "context_kl_sizes":
+            body = render_context_kl_sizes(studies)
         elif kind == "progress":
             body = render_progress(study_dir)
         elif kind in RENDERERS:

@@ -115,12 +115,12 @@ StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cel
   return r;
 }
 
+// What a trial's prompt depends on besides its cell. The grid itself (tasks,
+// contexts, depths) and the trial count are not part of it: each cell has its
+// own file, so a rerun may add trials, or narrow or widen the grid, and reuse
+// every cell already recorded.
 Json ConfigJson(const LoadedModel& model, const NeedleOptions& o) {
-  Json tasks = Json::array();
-  for (NeedleTask t : o.tasks) tasks.push_back(NeedleTaskName(t));
-  return {{"kvq_needle_version", 1}, {"model", model.path}, {"tasks", tasks},
-          {"contexts", o.contexts},  {"depths", o.depths},  {"seed", o.seed},
-          {"chat", o.chat}};  // not the trial count: a rerun may add trials
+  return {{"kvq_needle_version", 1}, {"model", model.path}, {"seed", o.seed}, {"chat", o.chat}};
 }
 
 }  // namespace

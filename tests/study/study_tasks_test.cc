@@ -279,8 +279,9 @@ TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
 }
 
 // The needle stage end to end: f16 first, cells written per file, a killed
-// run (a cell's last line lost) resumes with only the missing trial, and
-// schemes other than f16 skip the (task, context) pairs f16 fails.
+// run (a cell's last line lost) resumes with only the missing trial, a wider
+// grid reuses the cells it shares, and schemes other than f16 skip the
+// (task, context) pairs f16 fails.
 TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
   const std::string dir = test_util::TestPath("study_tasks", "needle");
   fs::remove_all(dir);
@@ -337,6 +338,13 @@ TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
   EXPECT_EQ(lines(cell), 4);
   EXPECT_EQ(last.done, 4);
   EXPECT_EQ((*more)["schemes"][0]["cells"][0]["trials"], 4);
+  // Another grid over the same cell (a depth added) reuses the recorded one.
+  o.depths = {0.25, 0.5};
+  auto wider = RunNeedleStudy(model_, schemes, o, dir, count);
+  ASSERT_TRUE(wider.ok()) << wider.status().message();
+  EXPECT_EQ(lines(cell), 4);
+  ASSERT_EQ((*wider)["schemes"][0]["cells"].size(), 2u);
+  EXPECT_EQ((*wider)["schemes"][0]["cells"][1], (*more)["schemes"][0]["cells"][0]);
   // Another seed is another configuration: refused.
   o.seed = 1;
   EXPECT_FALSE(RunNeedleStudy(model_, schemes, o, dir, count).ok());

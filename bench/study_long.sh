@@ -24,7 +24,8 @@
 #
 # MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
 # the environment: KVQ (default build/bin/kvq), THREADS (default 2),
-# NIAH_CONTEXTS, NIAH_ROUNDS, CONTEXT_KL_LENGTHS.
+# NIAH_TASKS, NIAH_CONTEXTS, NIAH_ROUNDS, CONTEXT_KL_LENGTHS. A narrower grid or
+# fewer lengths reuse what is recorded, and a later full run extends them.
 # Progress goes to standard error; run it under nohup with a log file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +68,7 @@ case $stage in
     # so each round only adds trials): the whole grid at 5, then 10, then 20.
     for trials in $(echo "${NIAH_ROUNDS:-5,10,20}" | tr , ' '); do
       study "${2:?model stem}" needle.json --niah \
-        --niah-tasks single_repeat,single_needle,multikey_repeat,multivalue_repeat \
+        --niah-tasks "${NIAH_TASKS:-single_repeat,single_needle,multikey_repeat,multivalue_repeat}" \
         --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096,8192}" --niah-trials "$trials"
     done
     ;;

@@ -63,7 +63,7 @@ json LineLayer(const char* series, int width) {
                {{"x",
                  {{"field", "context"},
                   {"type", "quantitative"},
-                  {"title", "context length (window; its second half is scored)"},
+                  {"title", "context length (tokens)"},
                   {"scale", {{"type", "log"}, {"base", 2}}}}},
                 {"y",
                  {{"field", "kl_mean"},
@@ -119,8 +119,9 @@ StatusOr<MaybeChart> CompareContextKl(const std::vector<json>& studies,
   spec["spec"] = LineLayer("model", 260);
   return MaybeChart(StudyChart{
       "compare-context-kl", "KL vs f16 by context length, model by model",
-      "One panel per scheme, one line per model (each against its own f16 cache): whether a "
-      "small model loses more to the same cache as its context grows.",
+      "One panel per scheme, one line per model (each against its own f16 cache; windows of "
+      "the context length, the second half of each scored): whether a small model loses more "
+      "to the same cache as its context grows.",
       std::move(spec)});
 }
 

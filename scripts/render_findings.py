@@ -209,12 +209,30 @@ def render_needle(study):
             f"\n{n['statement']}.\n")
     pairs = [(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]]
     if pairs:
-        rows = [[f"`{s['name']}`"] +
-                [cell_rate([c for c in s["cells"] if (c["task"], c["context"]) == pair])
-                 for pair in pairs] for s in n["schemes"]]
-        text += ("\nEvery scheme where f16 passes:\n\n" +
-                 table(["scheme"] + [f"{t} @ {c}" for t, c in pairs], rows))
+        rows = []
+        for s in n["schemes"]:
+            cells = [c for c in s["cells"] if (c["task"], c["context"]) in pairs]
+            correct, trials = sum(c["correct"] for c in cells), sum(c["trials"] for c in cells)
+            low, high = wilson95(correct, trials)
+            rows.append([f"`{s['name']}`"] +
+                        [cell_rate([c for c in cells if (c["task"], c["context"]) == pair])
+                         for pair in pairs] +
+                        [f"{cell_rate(cells)}, {pct(low)} - {pct(high)}"])
+        text += ("\nEvery scheme where f16 passes (the last column pools those cells, with "
+                 "its 95% Wilson interval):\n\n" +
+                 table(["scheme"] + [f"{t} @ {c}" for t, c in pairs] + ["all, 95% interval"],
+                       rows))
     return text
+
+
+def wilson95(correct, trials):
+    """The 95% Wilson score interval of a rate (the one kvq's GSM8K stage reports)."""
+    if trials == 0:
+        return 0.0, 1.0
+    z, p = 1.959963984540054, correct / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials**2))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def render_gsm8k(study):
@@ -364,6 +382,16 @@ def self_test(study_dir):
             return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")
+        return 1
+    # The needle block's interval must be the one kvq's GSM8K stage computes in C++.
+    for gsm8k in pathlib.Path(study_dir).glob("*/gsm8k.json"):
+        for scheme in json.loads(gsm8k.read_text())["gsm8k"]["schemes"]:
+            low, high = wilson95(scheme["correct"], scheme["problems"])
+            if abs(low - scheme["wilson95_low"]) > 1e-9 or abs(high - scheme["wilson95_high"]) > 1e-9:
+                print(f"self-test: wilson95 differs from {gsm8k} for {scheme['name']}")
+                return 1
+    if wilson95(0, 25)[0] > 1e-12 or wilson95(25, 25)[1] < 1 - 1e-12:
+        print("self-test: wilson95 does not reach 0 and 1 at the ends")
         return 1
     print("self-test: ok")
     return 0

@@ -71,10 +71,22 @@ HWY_INLINE __m256i ScaleLanes(int lo, int hi) {
 HWY_INLINE __m256i ScaleLanes(int both) { return _mm256_set1_epi16(static_cast<int16_t>(both)); }
 #endif
 
+#if HWY_TARGET == HWY_AVX3_DL
+// AVX512-VNNI's vpdpbusd on ymm lanes, always EVEX-encoded. GCC 12 emits
+// _mm256_dpbusd_epi32 as AVX-VNNI's VEX form ("{vex} vpdpbusd") whenever the
+// registers allow, even without -mavxvnni; CPUs with AVX512-VNNI but not
+// AVX-VNNI (AMD Zen 4) fault on it with SIGILL. The no_avx_vnni test checks
+// the binaries for the VEX form.
+HWY_INLINE __m256i DpBusdEvex(__m256i acc, __m256i u, __m256i s) {
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+#endif
+
 // acc + lanes of sum(u[k] * s[k]), u unsigned, s signed bytes.
 KVQ_VNNI_ATTR HWY_INLINE __m256i Dot(__m256i acc, __m256i u, __m256i s) {
 #if HWY_TARGET == HWY_AVX3_DL
-  return _mm256_dpbusd_epi32(acc, u, s);
+  return DpBusdEvex(acc, u, s);
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
@@ -84,7 +96,7 @@ KVQ_VNNI_ATTR HWY_INLINE __m256i Dot(__m256i acc, __m256i u, __m256i s) {
 KVQ_VNNI_ATTR HWY_INLINE __m256i ScaledDot(__m256i acc, __m256i u, __m256i s, __m256i scale) {
 #if HWY_TARGET == HWY_AVX3_DL
   return _mm256_add_epi32(
-      acc, _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), scale));
+      acc, _mm256_mullo_epi32(DpBusdEvex(_mm256_setzero_si256(), u, s), scale));
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale));
 #endif

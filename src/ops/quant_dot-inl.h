@@ -95,8 +95,7 @@ KVQ_VNNI_ATTR HWY_INLINE __m256i Dot(__m256i acc, __m256i u, __m256i s) {
 // acc + lanes of scale * sum(u[k] * s[k]), scale from ScaleLanes.
 KVQ_VNNI_ATTR HWY_INLINE __m256i ScaledDot(__m256i acc, __m256i u, __m256i s, __m256i scale) {
 #if HWY_TARGET == HWY_AVX3_DL
-  return _mm256_add_epi32(
-      acc, _mm256_mullo_epi32(DpBusdEvex(_mm256_setzero_si256(), u, s), scale));
+  return _mm256_add_epi32(acc, _mm256_mullo_epi32(DpBusdEvex(_mm256_setzero_si256(), u, s), scale));
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale));
 #endif

@@ -410,6 +410,20 @@ TEST(StudyReport, ComparisonPutsModelsSideBySide) {
   }
   // Scheme points: every non-baseline scheme of both models.
   EXPECT_EQ(data[0]["spec"]["data"]["values"].size(), 2 * (a["schemes"].size() - 1));
+  // Needle points pool only the cells where f16 passes, the same for every
+  // scheme: the fixture's f16 also ran (multikey_repeat, 1024) and failed it.
+  std::map<std::string, double> needle_rate;
+  for (const json& v : data[3]["spec"]["data"]["values"]) {
+    if (v["test"] == "needle (where f16 passes)") needle_rate[v["scheme"]] = v["accuracy"];
+  }
+  EXPECT_EQ(needle_rate.at("f16"), 1.0);
+  EXPECT_NEAR(needle_rate.at("int4"), 285.0 / 300.0, 1e-12);  // the fixture's 15 cells
+  json bad = b;
+  bad["needle"]["per_task"][0]["f16_passing_contexts"][0] = "512";
+  auto bad_html = RenderComparisonReportHtml({a, bad});
+  ASSERT_FALSE(bad_html.ok());
+  EXPECT_NE(bad_html.status().message().find("f16_passing_contexts"), std::string::npos)
+      << bad_html.status().message();
   EXPECT_EQ(Count(Lower(page), "</script"), kScriptsPerPage);
 
   EXPECT_FALSE(RenderComparisonReportHtml({a}).ok());  // one study is not a comparison

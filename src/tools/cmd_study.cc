@@ -140,10 +140,13 @@ class Progress {
     if (live_) {
       std::fprintf(stderr, "\r\033[K%6.1f s  [%s] %s %lld/%lld", seconds, e.stage.c_str(),
                    e.detail.c_str(), (long long)e.done, (long long)e.total);
-    } else if (key != last_ || (e.done == e.total && e.done != 1)) {
-      // Logs get one line when a stage starts and one when it ends.
+    } else if (key != last_ || (e.done == e.total && e.done != 1) ||
+               seconds - last_line_ >= kLogInterval) {
+      // Logs get one line when a stage starts, one when it ends, and one a
+      // minute between, so an hour-long stage in a log file shows it moves.
       std::fprintf(stderr, "%6.1f s  [%s] %s %lld/%lld\n", seconds, e.stage.c_str(),
                    e.detail.c_str(), (long long)e.done, (long long)e.total);
+      last_line_ = seconds;
     }
     last_ = key;
     std::fflush(stderr);
@@ -153,9 +156,11 @@ class Progress {
   }
 
  private:
+  static constexpr double kLogInterval = 60;  // seconds
   bool live_;
   std::chrono::steady_clock::time_point start_;
   std::string last_;
+  double last_line_ = 0;
 };
 
 // The context-KL stage: lengths doubling from 512 to 4096 (with --full, to

@@ -30,6 +30,8 @@ using study_json::ObjectMember;
 using study_json::StringMember;
 using study_report::BaseSpec;
 using study_report::MaybeChart;
+using study_report::NeedleCell;
+using study_report::ReadNeedleCells;
 using study_report::TableRow;
 using study_report::Tooltip;
 
@@ -314,23 +316,17 @@ Status AppendNeedle(const json& study, const std::string& label, json& values) {
   KVQ_ASSIGN_OR_RETURN(const json* needle, ObjectMember(study, "needle", ""));
   if (needle == nullptr) return Status::Ok();
   KVQ_ASSIGN_OR_RETURN(auto passing, NeedlePassingPairs(*needle));
-  KVQ_ASSIGN_OR_RETURN(const json* schemes, ArrayMember(*needle, "schemes", "needle"));
-  for (size_t j = 0; schemes != nullptr && j < schemes->size(); ++j) {
-    const std::string path = Index("needle.schemes", j);
-    KVQ_ASSIGN_OR_RETURN(std::string name, StringMember((*schemes)[j], "name", path));
-    KVQ_ASSIGN_OR_RETURN(const json* cells, ArrayMember((*schemes)[j], "cells", path));
-    int64_t correct = 0, trials = 0;
-    for (size_t k = 0; cells != nullptr && k < cells->size(); ++k) {
-      const std::string cpath = Index(Join(path, "cells"), k);
-      KVQ_ASSIGN_OR_RETURN(std::string task, StringMember((*cells)[k], "task", cpath));
-      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> context,
-                           IntMember((*cells)[k], "context", cpath));
-      if (!context || passing.count({task, *context}) == 0) continue;
-      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> c, IntMember((*cells)[k], "correct", cpath));
-      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> t, IntMember((*cells)[k], "trials", cpath));
-      correct += c.value_or(0);
-      trials += t.value_or(0);
-    }
+  KVQ_ASSIGN_OR_RETURN(std::vector<NeedleCell> cells, ReadNeedleCells(*needle));
+  std::vector<std::string> order;                            // schemes as the study lists them
+  std::map<std::string, std::pair<int64_t, int64_t>> tally;  // scheme -> (correct, trials)
+  for (const NeedleCell& c : cells) {
+    if (passing.count({c.task, c.context}) == 0) continue;
+    if (tally.count(c.scheme) == 0) order.push_back(c.scheme);
+    tally[c.scheme].first += c.correct;
+    tally[c.scheme].second += c.trials;
+  }
+  for (const std::string& name : order) {
+    const auto& [correct, trials] = tally[name];
     if (trials == 0) continue;
     values.push_back({{"model", label},
                       {"test", "needle (where f16 passes)"},

@@ -49,6 +49,15 @@ StatusOr<std::string> ClaimsTable(const nlohmann::json& study);
 // Needle in a haystack and GSM8K (study_report_tasks.cc): a chart and a
 // table each ("" / no chart when the study has no such section).
 StatusOr<MaybeChart> NeedleChart(const nlohmann::json& study);
+// One needle cell of one scheme, as needle.json holds it.
+struct NeedleCell {
+  std::string scheme, task;
+  int64_t context = 0;
+  double depth = 0;
+  int64_t correct = 0, trials = 0;
+};
+// Every scheme's cells, in order; a cell without its numbers is an error.
+StatusOr<std::vector<NeedleCell>> ReadNeedleCells(const nlohmann::json& needle);
 StatusOr<std::string> NeedleTable(const nlohmann::json& study);
 StatusOr<MaybeChart> Gsm8kChart(const nlohmann::json& study);
 StatusOr<std::string> Gsm8kTable(const nlohmann::json& study);

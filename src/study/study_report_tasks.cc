@@ -24,12 +24,7 @@ using study_json::NumberOrNull;
 using study_json::ObjectMember;
 using study_json::StringMember;
 
-struct NeedleCell {
-  std::string scheme, task;
-  int64_t context = 0;
-  double depth = 0;
-  int64_t correct = 0, trials = 0;
-};
+}  // namespace
 
 StatusOr<std::vector<NeedleCell>> ReadNeedleCells(const json& needle) {
   std::vector<NeedleCell> cells;
@@ -60,8 +55,6 @@ StatusOr<std::vector<NeedleCell>> ReadNeedleCells(const json& needle) {
   }
   return cells;
 }
-
-}  // namespace
 
 StatusOr<MaybeChart> NeedleChart(const json& study) {
   KVQ_ASSIGN_OR_RETURN(const json* needle, ObjectMember(study, "needle", ""));

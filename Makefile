@@ -70,7 +70,10 @@ peers: build llama-cpp
 # RunState.DecodeStepsAllocateNothing counts heap allocations per decode step,
 # a property of the release build (146 s under ASan); the forward pass it
 # drives runs under the sanitizers in the engine and generate tests.
-ASAN_SKIP = ^(KvBitIdentity\..*|kv_types_cli_test|chromium_study_quick_test|RunState\.DecodeStepsAllocateNothing)$$
+# NeedleExtensionOnSmolLM2 is the real model's answers (20 s released); the
+# same extension code runs sanitized on the tiny model
+# (StudyTasksTest.NeedleExtensionSkipsTasksF16Fails).
+ASAN_SKIP = ^(KvBitIdentity\..*|kv_types_cli_test|chromium_study_quick_test|RunState\.DecodeStepsAllocateNothing|NeedleExtensionOnSmolLM2\..*)$$
 test-sanitize: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=SanitizeBuild -DKVQ_SANITIZE=ON >/dev/null
 	cmake --build build-asan -j $(JOBS)

@@ -11,9 +11,10 @@
 #
 #   bench/study_long.sh gsm8k [ROUNDS]     Qwen2.5-Coder-1.5B-Instruct, problems
 #                                          in rounds (default 50,100,150,200,250)
-#   bench/study_long.sh niah MODEL_STEM    needle grid: every task, 1K-8K within
-#                                          the model's context, 5 depths, in rounds
-#                                          of 5, 10 and 20 trials a cell
+#   bench/study_long.sh niah MODEL_STEM    needle grid: every task at 1K-4K and,
+#                                          for the tasks f16 passes there, 8K
+#                                          (within the model's context), 5 depths,
+#                                          in rounds of 5, 10 and 20 trials a cell
 #   bench/study_long.sh context-kl MODEL_STEM   KL vs f16 by context length,
 #                                          512 to the model's context
 #   bench/study_long.sh core MODEL_STEM    the core study (structure, the
@@ -24,7 +25,8 @@
 #
 # MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
 # the environment: KVQ (default build/bin/kvq), THREADS (default 2),
-# NIAH_TASKS, NIAH_CONTEXTS, NIAH_ROUNDS, CONTEXT_KL_LENGTHS. A narrower grid or
+# NIAH_TASKS, NIAH_CONTEXTS, NIAH_EXTEND (longer contexts run only for the tasks
+# f16 passes at every shorter one; empty for none), NIAH_ROUNDS, CONTEXT_KL_LENGTHS. A narrower grid or
 # fewer lengths reuse what is recorded, and a later full run extends them.
 # Progress goes to standard error; run it under nohup with a log file.
 set -euo pipefail
@@ -67,9 +69,11 @@ case $stage in
     # Rounds of trials (the count is not part of the results' configuration,
     # so each round only adds trials): the whole grid at 5, then 10, then 20.
     for trials in $(echo "${NIAH_ROUNDS:-5,10,20}" | tr , ' '); do
+      extend=${NIAH_EXTEND-8192}
       study "${2:?model stem}" needle.json --niah \
         --niah-tasks "${NIAH_TASKS:-single_repeat,single_needle,multikey_repeat,multivalue_repeat}" \
-        --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096,8192}" --niah-trials "$trials"
+        --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096}" \
+        ${extend:+--niah-extend-contexts "$extend"} --niah-trials "$trials"
     done
     ;;
   context-kl)

@@ -190,7 +190,7 @@ def render_context_kl_sizes(studies):
 
 def cell_rate(cells):
     correct, trials = sum(c["correct"] for c in cells), sum(c["trials"] for c in cells)
-    return f"{pct(correct / trials)} ({correct}/{trials})" if trials else ""
+    return f"{pct(correct / trials)} ({correct}/{trials})" if trials else "not run"
 
 
 def render_needle(study):

@@ -45,6 +45,9 @@ struct NeedlePrompt {
 struct NeedleOptions {
   std::vector<NeedleTask> tasks;
   std::vector<int64_t> contexts;  // prompt + answer room, tokens
+  // Longer contexts, ascending and beyond `contexts`, that f16 runs only for
+  // the tasks it passes at every shorter context (the others skip them).
+  std::vector<int64_t> extend_contexts;
   std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   int trials = 20;
   uint64_t seed = 4321;
@@ -70,7 +73,9 @@ struct NeedleProgress {
 
 // Runs the tests for every scheme; the first is the f16 baseline: any other runs
 // only the (task, context) pairs where f16 was correct in >= 90% of trials
-// over all depths (elsewhere the model itself cannot do it). Results are
+// over all depths (elsewhere the model itself cannot do it). f16 runs every
+// task at `contexts`, and at each of `extend_contexts` only the tasks it
+// passed at every shorter context. Results are
 // appended per cell to dir/<scheme>/<task>_c<context>_d<depth>.jsonl and a
 // rerun continues from them. `make_cache(spec)` builds a scheme's cache.
 // Returns the study JSON's "needle" section (docs/study.md).

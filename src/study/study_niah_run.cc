@@ -3,6 +3,7 @@
 // of their shared prefix.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -36,6 +37,9 @@ std::string CellFile(const Cell& c) {
   return std::string(NeedleTaskName(c.task)) + "_c" + std::to_string(c.context) + "_d" + depth +
          ".jsonl";
 }
+
+// (task, context) -> f16's (correct, trials) over the context's depths.
+using F16Tally = std::map<std::pair<int, int64_t>, std::pair<int, int>>;
 
 struct CellResult {
   int correct = 0, trials = 0;
@@ -123,80 +127,120 @@ Json ConfigJson(const LoadedModel& model, const NeedleOptions& o) {
   return {{"kvq_needle_version", 1}, {"model", model.path}, {"seed", o.seed}, {"chat", o.chat}};
 }
 
-}  // namespace
-
-StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme>& schemes,
-                              const NeedleOptions& o, const std::string& dir,
-                              const std::function<void(const NeedleProgress&)>& progress) {
-  if (schemes.empty()) return Status::Error("needle study: no schemes");
-  if (o.trials < 1 || o.tasks.empty() || o.contexts.empty() || o.depths.empty()) {
-    return Status::Error("needle study: needs tasks, contexts, depths and at least one trial");
-  }
-  KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, ConfigJson(model, o)));
-  std::vector<Cell> cells;
-  for (NeedleTask task : o.tasks) {
-    for (int64_t c : o.contexts) {
-      for (double d : o.depths) cells.push_back({task, c, d});
-    }
-  }
-  // (task, context) -> f16 accuracy over its depths.
-  std::map<std::pair<int, int64_t>, std::pair<int, int>> f16_tally;
-  auto passes = [&](NeedleTask task, int64_t context) {
-    const auto& [c, n] = f16_tally[{static_cast<int>(task), context}];
-    return n > 0 && c >= kF16PassRate * n;
-  };
-  Json scheme_list = Json::array();
-  int64_t computed = 0, shared = 0;
-  for (const NeedleScheme& scheme : schemes) {
-    const bool is_f16 = &scheme == &schemes[0];
-    std::vector<Cell> run;
-    for (const Cell& c : cells) {
-      if (is_f16 || passes(c.task, c.context)) run.push_back(c);
-    }
+// One scheme's run over cells given in batches (f16's longer contexts are
+// chosen from its results at the shorter ones): its cache, the prefix runner
+// over it, its result folder and the JSON list of the cells it ran.
+class SchemeRun {
+ public:
+  static StatusOr<std::unique_ptr<SchemeRun>> Start(LoadedModel& model, const NeedleScheme& scheme,
+                                                    const std::string& dir) {
     KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, scheme.make_cache());
-    PrefixRunner runner(model, *cache);
     const std::string scheme_dir = (fs::path(dir) / ResultFileStem(scheme.name)).string();
     std::error_code ec;
     fs::create_directories(scheme_dir, ec);
     if (ec) return Status::Error(scheme_dir + ": " + ec.message());
-    NeedleProgress p{scheme.name, 0, static_cast<int64_t>(run.size()) * o.trials};
-    Json list = Json::array();
-    for (const Cell& cell : run) {
-      const std::string path = (fs::path(scheme_dir) / CellFile(cell)).string();
-      auto result = RunCell(model, runner, cell, o, path, [&](int64_t n) {
-        p.done += n;
-        if (progress) progress(p);
+    return std::unique_ptr<SchemeRun>(
+        new SchemeRun(model, scheme.name, std::move(cache), scheme_dir));
+  }
+
+  // Runs (or resumes) `cells`; calls on_cell(cell, result) after each.
+  Status Run(const std::vector<Cell>& cells, const NeedleOptions& o,
+             const std::function<void(const NeedleProgress&)>& progress,
+             const std::function<void(const Cell&, const CellResult&)>& on_cell) {
+    progress_.total += static_cast<int64_t>(cells.size()) * o.trials;
+    for (const Cell& cell : cells) {
+      const std::string path = (fs::path(scheme_dir_) / CellFile(cell)).string();
+      auto result = RunCell(model_, runner_, cell, o, path, [&](int64_t n) {
+        progress_.done += n;
+        if (progress) progress(progress_);
       });
       if (!result.ok()) {
-        return result.status().WithContext("needle " + scheme.name + " " + CellFile(cell));
+        return result.status().WithContext("needle " + progress_.scheme + " " + CellFile(cell));
       }
-      if (is_f16) {
-        auto& t = f16_tally[{static_cast<int>(cell.task), cell.context}];
-        t.first += result->correct;
-        t.second += result->trials;
-      }
-      list.push_back({{"task", NeedleTaskName(cell.task)},
-                      {"context", cell.context},
-                      {"depth", cell.depth},
-                      {"correct", result->correct},
-                      {"trials", result->trials},
-                      {"simd_targets", result->simd_targets},
-                      {"example_answer", result->example}});
+      if (on_cell) on_cell(cell, *result);
+      cells_.push_back({{"task", NeedleTaskName(cell.task)},
+                        {"context", cell.context},
+                        {"depth", cell.depth},
+                        {"correct", result->correct},
+                        {"trials", result->trials},
+                        {"simd_targets", result->simd_targets},
+                        {"example_answer", result->example}});
     }
-    computed += runner.tokens_computed();
-    shared += runner.tokens_shared();
-    scheme_list.push_back({{"name", scheme.name}, {"cells", std::move(list)}});
+    return Status::Ok();
   }
-  // Per task: where f16 passes, and what it reached where it does not.
+
+  const PrefixRunner& runner() const { return runner_; }
+  Json TakeCells() { return std::move(cells_); }
+
+ private:
+  SchemeRun(LoadedModel& model, const std::string& name, std::unique_ptr<KvCache> cache,
+            std::string scheme_dir)
+      : model_(model),
+        cache_(std::move(cache)),
+        runner_(model, *cache_),
+        scheme_dir_(std::move(scheme_dir)),
+        progress_{name, 0, 0} {}
+
+  LoadedModel& model_;
+  std::unique_ptr<KvCache> cache_;
+  PrefixRunner runner_;
+  std::string scheme_dir_;
+  NeedleProgress progress_;
+  Json cells_ = Json::array();
+};
+
+std::vector<Cell> CellsAt(const std::vector<NeedleTask>& tasks, int64_t context,
+                          const std::vector<double>& depths) {
+  std::vector<Cell> cells;
+  for (NeedleTask task : tasks) {
+    for (double d : depths) cells.push_back({task, context, d});
+  }
+  return cells;
+}
+
+// Every context of the grid: the base ones, then the extensions, ascending.
+std::vector<int64_t> AllContexts(const NeedleOptions& o) {
+  std::vector<int64_t> all = o.contexts;
+  all.insert(all.end(), o.extend_contexts.begin(), o.extend_contexts.end());
+  return all;
+}
+
+Status CheckOptions(const NeedleOptions& o) {
+  if (o.trials < 1 || o.tasks.empty() || o.contexts.empty() || o.depths.empty()) {
+    return Status::Error("needle study: needs tasks, contexts, depths and at least one trial");
+  }
+  const int64_t longest = *std::max_element(o.contexts.begin(), o.contexts.end());
+  for (size_t i = 0; i < o.extend_contexts.size(); ++i) {
+    const int64_t c = o.extend_contexts[i];
+    if (c <= longest || (i > 0 && c <= o.extend_contexts[i - 1])) {
+      return Status::Error("needle study: extension contexts must ascend beyond every context (" +
+                           std::to_string(c) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// Per task: where f16 passes, and what it reached where it does not; and the
+// statement saying so in one line.
+std::pair<Json, std::string> PerTask(const NeedleOptions& o, const F16Tally& f16_tally) {
   Json tasks = Json::array();
   std::string statement;
   for (NeedleTask task : o.tasks) {
     Json passing = Json::array();
     double best = 0;
-    for (int64_t c : o.contexts) {
-      const auto& [k, n] = f16_tally[{static_cast<int>(task), c}];
-      if (n > 0) best = std::max(best, static_cast<double>(k) / n);
-      if (passes(task, c)) passing.push_back(c);
+    std::string failing_longer;  // contexts past the last passing one where f16 ran and failed
+    for (int64_t c : AllContexts(o)) {
+      const auto it = f16_tally.find({static_cast<int>(task), c});
+      if (it == f16_tally.end() || it->second.second == 0) continue;
+      const auto [k, n] = it->second;
+      best = std::max(best, static_cast<double>(k) / n);
+      if (k >= kF16PassRate * n) {
+        passing.push_back(c);
+        failing_longer.clear();
+      } else if (!passing.empty()) {
+        failing_longer += (failing_longer.empty() ? "" : ", ") + std::to_string(c) + " (" +
+                          std::to_string(std::lround(100.0 * k / n)) + "%)";
+      }
     }
     std::string line = std::string(NeedleTaskName(task)) + ": ";
     if (passing.empty()) {
@@ -212,6 +256,7 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
                                       : " ") +
                 std::to_string(passing[i].get<int64_t>());
       }
+      if (!failing_longer.empty()) line += ", not at " + failing_longer;
     }
     statement += (statement.empty() ? "" : "; ") + line;
     tasks.push_back({{"task", NeedleTaskName(task)},
@@ -219,10 +264,72 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
                      {"model_can_do", !passing.empty()},
                      {"best_f16_accuracy", best}});
   }
+  return {std::move(tasks), std::move(statement)};
+}
+
+}  // namespace
+
+StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme>& schemes,
+                              const NeedleOptions& o, const std::string& dir,
+                              const std::function<void(const NeedleProgress&)>& progress) {
+  if (schemes.empty()) return Status::Error("needle study: no schemes");
+  KVQ_RETURN_IF_ERROR(CheckOptions(o));
+  KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, ConfigJson(model, o)));
+  F16Tally f16_tally;
+  auto passes = [&](NeedleTask task, int64_t context) {
+    const auto& [c, n] = f16_tally[{static_cast<int>(task), context}];
+    return n > 0 && c >= kF16PassRate * n;
+  };
+  const auto tally_f16 = [&](const Cell& cell, const CellResult& r) {
+    auto& t = f16_tally[{static_cast<int>(cell.task), cell.context}];
+    t.first += r.correct;
+    t.second += r.trials;
+  };
+  // f16: every base cell, then each extension context for the tasks it has
+  // passed at every shorter one (the task's longest passing length, without
+  // spending the long prompts on tasks the model already fails).
+  std::vector<Cell> f16_cells;
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<SchemeRun> f16, SchemeRun::Start(model, schemes[0], dir));
+  for (int64_t c : o.contexts) {
+    const std::vector<Cell> cells = CellsAt(o.tasks, c, o.depths);
+    KVQ_RETURN_IF_ERROR(f16->Run(cells, o, progress, tally_f16));
+    f16_cells.insert(f16_cells.end(), cells.begin(), cells.end());
+  }
+  std::vector<int64_t> shorter = o.contexts;
+  for (int64_t c : o.extend_contexts) {
+    std::vector<NeedleTask> still;
+    for (NeedleTask t : o.tasks) {
+      if (std::all_of(shorter.begin(), shorter.end(), [&](int64_t s) { return passes(t, s); })) {
+        still.push_back(t);
+      }
+    }
+    const std::vector<Cell> cells = CellsAt(still, c, o.depths);
+    KVQ_RETURN_IF_ERROR(f16->Run(cells, o, progress, tally_f16));
+    f16_cells.insert(f16_cells.end(), cells.begin(), cells.end());
+    shorter.push_back(c);
+  }
+  Json scheme_list = Json::array();
+  int64_t computed = f16->runner().tokens_computed(), shared = f16->runner().tokens_shared();
+  scheme_list.push_back({{"name", schemes[0].name}, {"cells", f16->TakeCells()}});
+  f16.reset();
+  // Every other scheme where f16 passes.
+  std::vector<Cell> passing_cells;
+  for (const Cell& c : f16_cells) {
+    if (passes(c.task, c.context)) passing_cells.push_back(c);
+  }
+  for (size_t i = 1; i < schemes.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(std::unique_ptr<SchemeRun> run, SchemeRun::Start(model, schemes[i], dir));
+    KVQ_RETURN_IF_ERROR(run->Run(passing_cells, o, progress, nullptr));
+    computed += run->runner().tokens_computed();
+    shared += run->runner().tokens_shared();
+    scheme_list.push_back({{"name", schemes[i].name}, {"cells", run->TakeCells()}});
+  }
+  auto [tasks, statement] = PerTask(o, f16_tally);
   Json task_names = Json::array();
   for (NeedleTask t : o.tasks) task_names.push_back(NeedleTaskName(t));
   return Json{{"tasks", task_names},
-              {"contexts", o.contexts},
+              {"contexts", AllContexts(o)},
+              {"extend_contexts", o.extend_contexts},
               {"depths", o.depths},
               {"trials", o.trials},
               {"seed", o.seed},
@@ -232,7 +339,8 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
               {"rule",
                "exact match: the first numbers of the greedy answer are the needle's values (all "
                "4 for multivalue, any order); other schemes run only at the (task, context) "
-               "pairs where f16 is correct in >= 90% of the trials over all depths"},
+               "pairs where f16 is correct in >= 90% of the trials over all depths; f16 runs an "
+               "extension context only for the tasks it passes at every shorter one"},
               {"per_task", std::move(tasks)},
               {"statement", statement},
               {"tokens_computed", computed},

@@ -71,6 +71,7 @@ struct StudyFlags {
   std::string chat = "auto";
   std::string niah_tasks, niah_schemes;
   std::vector<int64_t> niah_contexts;
+  std::vector<int64_t> niah_extend_contexts;
   std::vector<double> niah_depths;
   int niah_trials = 0;
   std::string gsm8k_data, gsm8k_schemes;
@@ -187,6 +188,48 @@ Status ConfigureContextKl(const StudyFlags& flags, const ModelConfig& c, const K
   return Status::Ok();
 }
 
+// The needle stage's grid and schemes from the flags (chat is set by the caller).
+Status ConfigureNeedle(const StudyFlags& flags, const ModelConfig& c, const KvShape& shape,
+                       StudyOptions::NeedleStage& needle) {
+  NeedleOptions& n = needle.options;
+  const std::string tasks = !flags.niah_tasks.empty()
+                                ? flags.niah_tasks
+                                : (flags.full ? AllNeedleTasks() : "single_repeat,multikey_repeat");
+  for (size_t start = 0; start <= tasks.size();) {
+    const size_t comma = std::min(tasks.find(',', start), tasks.size());
+    KVQ_ASSIGN_OR_RETURN(NeedleTask t, ParseNeedleTask(tasks.substr(start, comma - start)));
+    n.tasks.push_back(t);
+    start = comma + 1;
+  }
+  n.contexts = flags.niah_contexts;
+  n.extend_contexts = flags.niah_extend_contexts;
+  if (n.contexts.empty()) {
+    for (int64_t x : {1024, 2048, 4096}) {
+      if (x <= c.max_position_embeddings && (flags.full || x <= 2048)) n.contexts.push_back(x);
+    }
+    if (flags.full && flags.niah_extend_contexts.empty() && c.max_position_embeddings >= 8192) {
+      n.extend_contexts = {8192};
+    }
+  }
+  std::vector<int64_t> all = n.contexts;
+  all.insert(all.end(), n.extend_contexts.begin(), n.extend_contexts.end());
+  for (int64_t x : all) {
+    if (x > c.max_position_embeddings) {
+      return Status::Error("needle context " + std::to_string(x) + " exceeds the model's " +
+                           std::to_string(c.max_position_embeddings));
+    }
+  }
+  if (n.contexts.empty()) return Status::Error("no needle context fits the model's context");
+  if (!flags.niah_depths.empty()) n.depths = flags.niah_depths;
+  n.trials = flags.niah_trials > 0 ? flags.niah_trials : (flags.full ? 20 : 4);
+  n.seed = flags.seed;
+  KVQ_ASSIGN_OR_RETURN(
+      needle.schemes,
+      ParseSchemeList(flags.niah_schemes.empty() ? kDefaultNeedleSchemes : flags.niah_schemes,
+                      shape));
+  return Status::Ok();
+}
+
 // The needle, GSM8K and context-KL stages' options from the flags
 // (model-dependent defaults; chat "auto" needs the loaded tokenizer).
 Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
@@ -212,38 +255,8 @@ Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
     o.end_to_end_dir = results + "/end_to_end";
   o.needle.run = flags.full || flags.niah;
   if (o.needle.run) {
-    NeedleOptions& n = o.needle.options;
-    const std::string tasks =
-        !flags.niah_tasks.empty()
-            ? flags.niah_tasks
-            : (flags.full ? AllNeedleTasks() : "single_repeat,multikey_repeat");
-    for (size_t start = 0; start <= tasks.size();) {
-      const size_t comma = std::min(tasks.find(',', start), tasks.size());
-      KVQ_ASSIGN_OR_RETURN(NeedleTask t, ParseNeedleTask(tasks.substr(start, comma - start)));
-      n.tasks.push_back(t);
-      start = comma + 1;
-    }
-    n.contexts = flags.niah_contexts;
-    if (n.contexts.empty()) {
-      for (int64_t x : {1024, 2048, 4096, 8192}) {
-        if (x <= c.max_position_embeddings && (flags.full || x <= 2048)) n.contexts.push_back(x);
-      }
-    }
-    for (int64_t x : n.contexts) {
-      if (x > c.max_position_embeddings) {
-        return Status::Error("--niah-contexts " + std::to_string(x) + " exceeds the model's " +
-                             std::to_string(c.max_position_embeddings));
-      }
-    }
-    if (n.contexts.empty()) return Status::Error("no needle context fits the model's context");
-    if (!flags.niah_depths.empty()) n.depths = flags.niah_depths;
-    n.trials = flags.niah_trials > 0 ? flags.niah_trials : (flags.full ? 20 : 4);
-    n.seed = flags.seed;
-    KVQ_ASSIGN_OR_RETURN(n.chat, chat(flags.chat));
-    KVQ_ASSIGN_OR_RETURN(
-        o.needle.schemes,
-        ParseSchemeList(flags.niah_schemes.empty() ? kDefaultNeedleSchemes : flags.niah_schemes,
-                        shape));
+    KVQ_RETURN_IF_ERROR(ConfigureNeedle(flags, c, shape, o.needle));
+    KVQ_ASSIGN_OR_RETURN(o.needle.options.chat, chat(flags.chat));
     o.needle.dir = results + "/needle";
   }
   o.gsm8k.run = flags.full || flags.gsm8k_problems > 0;
@@ -485,8 +498,9 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "KVQuant calibration tokens, in windows of 512 (default 2048; 1024 with --quick)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--full", flags->full,
-                "The long, resumable run: also needle in a haystack (every task, contexts "
-                "1K-8K within the model's, 5 depths, 20 trials), GSM8K (250 problems) and "
+                "The long, resumable run: also needle in a haystack (every task at 1K-4K and, "
+                "for the tasks f16 passes there, 8K; within the model's context; 5 depths, 20 "
+                "trials), GSM8K (250 problems) and "
                 "context KL (512 to the model's context); "
                 "results kept in --results-dir, a rerun continues where it stopped");
   cmd->add_flag("--niah", flags->niah,
@@ -506,7 +520,13 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--niah-tasks", flags->niah_tasks, "Needle tasks, of " + AllNeedleTasks());
   cmd->add_option("--niah-contexts", flags->niah_contexts,
                   "Needle context lengths (prompt + answer; default 1024,2048 and with --full "
-                  "4096,8192, within the model's context)")
+                  "4096, within the model's context)")
+      ->delimiter(',');
+  cmd->add_option("--niah-extend-contexts", flags->niah_extend_contexts,
+                  "Longer needle contexts, ascending, that f16 runs only for the tasks it passes "
+                  "at every shorter context (each task's longest passing length, without long "
+                  "prompts for tasks the model already fails; default with --full and no "
+                  "--niah-contexts: 8192 within the model's context)")
       ->delimiter(',');
   cmd->add_option("--niah-depths", flags->niah_depths,
                   "Needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")

@@ -225,6 +225,46 @@ def render_needle(study):
     return text
 
 
+def needle_coverage(n):
+    """What the needle grid holds: tasks f16 can do, contexts, trials a cell."""
+    f16 = next(s for s in n["schemes"] if s["name"] == "f16")
+    trials = sorted({c["trials"] for s in n["schemes"] for c in s["cells"]})
+    can = [t["task"] for t in n["per_task"] if t["model_can_do"]]
+    span = f"{trials[0]}" if len(trials) == 1 else f"{trials[0]}-{trials[-1]}"
+    contexts = sorted({c["context"] for c in f16["cells"]})
+    return (f"{len(n['tasks'])} tasks at {', '.join(str(c) for c in contexts)}; "
+            f"{span} trials a cell; {len(n['schemes'])} schemes; f16 passes "
+            f"{', '.join(can) if can else 'none'}")
+
+
+def render_coverage(studies, study_dir):
+    """Which of the issue's measurements each model has, from the files that ship."""
+    peers_dir = pathlib.Path(study_dir).parent / "peers"
+    rows = {"1. structure (outliers, biases, sinks)": [], "2. the write-up's table": [],
+            "3. end to end per scheme": [], "4. needle in a haystack": [],
+            "5. GSM8K": [], "6. KL by context length": [], "7. the peers' caches": []}
+    for name, st in studies.items():
+        cells = rows.values()
+        col = ["yes" if "outliers" in st else "not run",
+               "yes" if "fake_quant" in st else "not run",
+               f"{len(st['schemes'])} schemes" if "schemes" in st else "not run",
+               needle_coverage(st["needle"]) if "needle" in st else "not run",
+               (f"{st['gsm8k']['problems']} problems, {len(st['gsm8k']['schemes'])} schemes"
+                if "gsm8k" in st else "not run"),
+               (", ".join(str(x) for x in st["context_kl"]["lengths"]) + " tokens"
+                if "context_kl" in st else "not run")]
+        peers = peers_dir / name / "peers.json"
+        if peers.exists():
+            p = json.loads(peers.read_text())
+            engines = sorted({r["engine"] for r in p["rows"]})
+            col.append(f"{p['chunks']} windows of {p['n_ctx']}; {', '.join(engines)}")
+        else:
+            col.append("not run")
+        for values, value in zip(cells, col):
+            values.append(value)
+    return table(["measurement"] + list(studies), [[k] + v for k, v in rows.items()])
+
+
 def wilson95(correct, trials):
     """The 95% Wilson score interval of a rate (the one kvq's GSM8K stage reports)."""
     if trials == 0:
@@ -337,6 +377,8 @@ def render(doc, studies, study_dir):
             body = render_context_kl_sizes(studies)
         elif kind == "progress":
             body = render_progress(study_dir)
+        elif kind == "coverage":
+            body = render_coverage(studies, study_dir)
         elif kind in RENDERERS:
             if model not in studies:
                 raise KeyError(f"block '{kind} {model}': no {model}/study.json or section JSON")

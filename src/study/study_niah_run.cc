@@ -41,6 +41,13 @@ std::string CellFile(const Cell& c) {
 // (task, context) -> f16's (correct, trials) over the context's depths.
 using F16Tally = std::map<std::pair<int, int64_t>, std::pair<int, int>>;
 
+// Whether f16 passes at (task, context): ran there and reached kF16PassRate.
+bool F16Passes(const F16Tally& tally, NeedleTask task, int64_t context) {
+  const auto it = tally.find({static_cast<int>(task), context});
+  return it != tally.end() && it->second.second > 0 &&
+         it->second.first >= kF16PassRate * it->second.second;
+}
+
 struct CellResult {
   int correct = 0, trials = 0;
   std::string example;                      // the first trial's answer
@@ -234,7 +241,7 @@ std::pair<Json, std::string> PerTask(const NeedleOptions& o, const F16Tally& f16
       if (it == f16_tally.end() || it->second.second == 0) continue;
       const auto [k, n] = it->second;
       best = std::max(best, static_cast<double>(k) / n);
-      if (k >= kF16PassRate * n) {
+      if (F16Passes(f16_tally, task, c)) {
         passing.push_back(c);
         failing_longer.clear();
       } else if (!passing.empty()) {
@@ -277,8 +284,7 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, ConfigJson(model, o)));
   F16Tally f16_tally;
   auto passes = [&](NeedleTask task, int64_t context) {
-    const auto& [c, n] = f16_tally[{static_cast<int>(task), context}];
-    return n > 0 && c >= kF16PassRate * n;
+    return F16Passes(f16_tally, task, context);
   };
   const auto tally_f16 = [&](const Cell& cell, const CellResult& r) {
     auto& t = f16_tally[{static_cast<int>(cell.task), cell.context}];

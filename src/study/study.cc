@@ -358,8 +358,10 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
 
 Status RunNeedleStage(LoadedModel& model, const std::string& calibration, const StudyOptions& o,
                       const Report& report, Json& out) {
+  // The caches hold the longest prompt, an extension context's included.
   int64_t longest = 0;
   for (int64_t c : o.needle.options.contexts) longest = std::max(longest, c);
+  for (int64_t c : o.needle.options.extend_contexts) longest = std::max(longest, c);
   std::vector<NeedleScheme> schemes;
   for (const SchemeSpec& spec : F16First(o.needle.schemes)) {
     schemes.push_back({spec.name, CacheMaker(model, spec, longest, o.threads, calibration)});

@@ -16,6 +16,7 @@
 #include "study/study.h"
 #include "study/study_context_kl.h"
 #include "study/study_decode.h"
+#include "study/study_e2e.h"
 #include "study/study_gsm8k.h"
 #include "study/study_niah.h"
 #include "study/study_resume.h"
@@ -385,7 +386,10 @@ TEST_F(StudyTasksTest, NeedleExtensionSkipsTasksF16Fails) {
 // The other half on the real default model, which recalls a needle in
 // repeated filler but not 4 values of one key (docs/findings.md, section 5):
 // f16 extends single_repeat to the longer context and not multivalue, and
-// int8 runs only where f16 passes. Skipped when set-up has not fetched it.
+// int8 runs only where f16 passes. Run through RunStudy, the path `kvq study
+// --niah-extend-contexts` takes, so the caches it builds must hold the
+// extension's prompts (they once held only the shorter contexts'). Skipped
+// when set-up has not fetched the model.
 TEST(NeedleExtensionOnSmolLM2, ExtendsOnlyTheTasksF16Passes) {
   const std::string path =
       std::string(KVQ_SOURCE_DIR) + "/.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -394,25 +398,24 @@ TEST(NeedleExtensionOnSmolLM2, ExtendsOnlyTheTasksF16Passes) {
   ASSERT_TRUE(model.ok()) << model.status().message();
   const std::string dir = test_util::TestPath("study_tasks", "needle_extend_smollm2");
   fs::remove_all(dir);
-  NeedleOptions o;
+  StudyOptions study;
+  study.core = false;
+  study.threads = 2;
+  study.needle.run = true;
+  study.needle.dir = dir;
+  auto schemes = ParseSchemeList("f16,int8", model->transformer->kv_shape());
+  ASSERT_TRUE(schemes.ok()) << schemes.status().message();
+  study.needle.schemes = *schemes;
+  NeedleOptions& o = study.needle.options;
   o.tasks = {NeedleTask::kSingleRepeat, NeedleTask::kMultiValueRepeat};
   o.contexts = {400};
   o.extend_contexts = {700};
   o.depths = {0.5};
   o.trials = 1;  // one trial a cell: a pass is a correct answer
   o.chat = true;
-  std::vector<NeedleScheme> schemes;
-  for (const char* type : {"f16", "int8"}) {
-    schemes.push_back({type, [&model, type]() -> StatusOr<std::unique_ptr<KvCache>> {
-                         KvCacheOptions c;
-                         c.k_type = c.v_type = type;
-                         c.max_tokens = 700;
-                         c.num_threads = 2;
-                         return MakeKvCache(model->transformer->kv_shape(), c);
-                       }});
-  }
-  auto r = RunNeedleStudy(*model, schemes, o, dir);
-  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto study_json = RunStudy(*model, test_util::WordText(50), study);
+  ASSERT_TRUE(study_json.ok()) << study_json.status().message();
+  const nlohmann::json* r = &(*study_json)["needle"];
   std::vector<std::string> f16_cells, int8_cells;
   for (const auto& c : (*r)["schemes"][0]["cells"]) {
     f16_cells.push_back(c["task"].get<std::string>() + "@" +

@@ -12,8 +12,8 @@
 # OUT_DIR/peers.md (the table, rendered from peers.json by bench/peers_table.py),
 # logs under OUT_DIR/logs/. CHUNKS = 512-token windows (default 8). Measured
 # on SmolLM2-135M on the shared 2-core machine: each llama.cpp or kvq row
-# 1-4 minutes (by load), the transformers rows 15 minutes (token by token), so
-# 30-60 minutes in all; PHASES runs parts side by side. Settings from the
+# 1-4 minutes (by load), kvq's token-by-token rows (NAME_b1) 1-2 minutes, the
+# transformers rows 15 minutes (token by token), so 60-90 minutes in all; PHASES runs parts side by side. Settings from the
 # environment: KVQ (default build/bin/kvq), LLAMA_BIN (the llama.cpp bin/ with
 # llama-perplexity; default: scripts/build_llama_cpp.sh's), THREADS (2),
 # KVQ_ROWS (a comma list of kvq's row names: only those; default all),
@@ -105,7 +105,8 @@ kvq_schemes=(
   "kvquant2|--kv-cache-dtype kvquant2 --kv-calibration $work/kvq_calib.safetensors"
   # Issue 19: the peers' formats and the papers' settings inside kvq (their
   # study on both real models: docs/quality/, bench/quality_table.py).
-  "q8_0|--kv-cache-dtype q8_0" "q4_0|--kv-cache-dtype q4_0"
+  "q8_0|--kv-cache-dtype q8_0" "q4_0|--kv-cache-dtype q4_0" "q4_1|--kv-cache-dtype q4_1"
+  "q5_0|--kv-cache-dtype q5_0" "q5_1|--kv-cache-dtype q5_1" "iq4_nl|--kv-cache-dtype iq4_nl"
   "int8_per_token_head|--kv-cache-dtype int8_per_token_head"
   "fp8_per_token_head|--kv-cache-dtype fp8_per_token_head"
   "int4_per_token_head|--kv-cache-dtype int4_per_token_head"
@@ -119,7 +120,25 @@ kvq_schemes=(
   "oscar2|--kv-cache-dtype oscar2 --kv-calibration $work/kvq_calib.safetensors"
   "quarot2|--kv-cache-dtype quarot2"
 )
-plan_schemes=("f16|--kv-cache-dtype f16" "${kvq_schemes[@]}")
+# The same kvq formats fed one token at a time, as the transformers rows are
+# (-b 1, the transformers rows' windows), named NAME_b1: with an f16 window of
+# the newest tokens (quanto's residual, KIVI's) a token attends its neighbours
+# unquantized, where a 512-token prefill has quantized them first. So a
+# transformers row is compared with these and with the prefill rows (a
+# prefill never attends less quantized data); a llama.cpp row (prefilled)
+# only with the prefill rows. KIVI at g64 stores as many bytes a token as
+# quanto's g64; with KIVI's 128-token window (r128) it holds more at 512
+# tokens than quanto's residual of 128 (a key group waits for 64 tokens), with
+# a 64-token window (r64) less.
+kvq_token_schemes=(
+  "hf-quanto-int4_b1|--kv-cache-dtype hf-quanto-int4" "hf-quanto-int2_b1|--kv-cache-dtype hf-quanto-int2"
+  "kivi4_g64_b1|--kv-cache-dtype int4-c64-asym-r128/int4-g64-asym-r128"
+  "kivi2_g64_b1|--kv-cache-dtype int2-c64-asym-r128/int2-g64-asym-r128"
+  "kivi4_g64r64_b1|--kv-cache-dtype int4-c64-asym-r64/int4-g64-asym-r64"
+  "kivi2_g64r64_b1|--kv-cache-dtype int2-c64-asym-r64/int2-g64-asym-r64"
+)
+ktoken=(perplexity -m "$model" -f "$text" -c 512 -b 1 --chunks "$hf_windows" -t "$threads")
+plan_schemes=("f16|--kv-cache-dtype f16" "${kvq_schemes[@]}" "${kvq_token_schemes[@]}")
 # KVQ_ROWS=a,b,...: only these of kvq's rows (the f16 baseline always runs).
 wanted() { [ -z "${KVQ_ROWS:-}" ] || [ "$1" = f16 ] || [[ ",$KVQ_ROWS," == *",$1,"* ]]; }
 for s in "${plan_schemes[@]}"; do
@@ -136,6 +155,13 @@ for s in "${kvq_schemes[@]}"; do
   wanted "$name" || continue
   # shellcheck disable=SC2086
   run "kvq_$name" -- "$kvq" "${kcommon[@]}" $flags --kl-divergence "$work/kvq_f16.logits"
+done
+for s in "${kvq_token_schemes[@]}"; do
+  phase kvq || break
+  name=${s%%|*} flags=${s#*|}
+  wanted "$name" || continue
+  # shellcheck disable=SC2086
+  run "kvq_$name" -- "$kvq" "${ktoken[@]}" $flags --kl-divergence "$work/kvq_f16.logits"
 done
 
 # --- Hugging Face transformers' QuantizedCache, token by token on the same

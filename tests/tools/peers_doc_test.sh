@@ -71,4 +71,23 @@ PY
   checked=$((checked + 1))
 done
 [ "$checked" -gt 0 ] || { echo "FAIL: no docs/peers/*/peers.json"; exit 1; }
+# The verdict's schedule rule: a prefilled peer (llama.cpp) is never answered
+# by a kvq row fed token by token (kinder to windowed caches); a transformers
+# peer (token by token) is answered by any kvq row.
+if python3 - "$src/bench" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import peers_table as t
+def row(engine, id_, kl):
+    return dict(engine=engine, id=id_, cache=id_, mean_kl=kl, bytes_per_token=100,
+                bytes_per_token_ctx=100)
+rows = [row("llama.cpp", "llama_q4_0_rot", 0.05), row("transformers", "hf_quanto4", 0.05),
+        row("kvq", "kvq_kivi4_g64_b1", 0.01), row("kvq", "kvq_q4_0", 0.06)]
+v = {p["id"]: (b["id"], wins) for p, b, wins in t.verdicts(rows)}
+assert v == {"llama_q4_0_rot": ("kvq_q4_0", False),
+             "hf_quanto4": ("kvq_kivi4_g64_b1", True)}, v
+PY
+then echo "PASS: llama.cpp rows are compared with kvq's prefilled rows only"
+else echo "FAIL: the verdict's schedule rule"; fail=1
+fi
 exit $fail

@@ -149,19 +149,14 @@ for s in "${plan_schemes[@]}"; do
   # shellcheck disable=SC2086
   "$kvq" plan -m "$model" -c 512 $flags --types "$type" --json > "$work/plan_$name.json"
 done
-for s in "${kvq_schemes[@]}"; do
+for s in "${kvq_schemes[@]}" "${kvq_token_schemes[@]}"; do
   phase kvq || break
   name=${s%%|*} flags=${s#*|}
   wanted "$name" || continue
+  feed=("${kcommon[@]}")
+  [[ $name == *_b1 ]] && feed=("${ktoken[@]}")
   # shellcheck disable=SC2086
-  run "kvq_$name" -- "$kvq" "${kcommon[@]}" $flags --kl-divergence "$work/kvq_f16.logits"
-done
-for s in "${kvq_token_schemes[@]}"; do
-  phase kvq || break
-  name=${s%%|*} flags=${s#*|}
-  wanted "$name" || continue
-  # shellcheck disable=SC2086
-  run "kvq_$name" -- "$kvq" "${ktoken[@]}" $flags --kl-divergence "$work/kvq_f16.logits"
+  run "kvq_$name" -- "$kvq" "${feed[@]}" $flags --kl-divergence "$work/kvq_f16.logits"
 done
 
 # --- Hugging Face transformers' QuantizedCache, token by token on the same

@@ -233,7 +233,9 @@ def needle_coverage(n):
     span = f"{trials[0]}" if len(trials) == 1 else f"{trials[0]}-{trials[-1]}"
     contexts = sorted({c["context"] for c in f16["cells"]})
     return (f"{len(n['tasks'])} tasks at {', '.join(str(c) for c in contexts)}; "
-            f"{span} trials a cell; {len(n['schemes'])} schemes; f16 passes "
+            f"{span} trials a cell; "
+            f"{'f16 alone' if len(n['schemes']) == 1 else str(len(n['schemes'])) + ' schemes'}; "
+            f"f16 passes "
             f"{', '.join(can) if can else 'none'}")
 
 

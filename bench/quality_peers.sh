@@ -12,11 +12,13 @@
 # OUT_DIR/peers.md (the table, rendered from peers.json by bench/peers_table.py),
 # logs under OUT_DIR/logs/. CHUNKS = 512-token windows (default 8). Measured
 # on SmolLM2-135M on the shared 2-core machine: each llama.cpp or kvq row
-# 1-4 minutes (by load), kvq's token-by-token rows (NAME_b1) 1-2 minutes, the
-# transformers rows 15 minutes (token by token), so 60-90 minutes in all; PHASES runs parts side by side. Settings from the
-# environment: KVQ (default build/bin/kvq), LLAMA_BIN (the llama.cpp bin/ with
-# llama-perplexity; default: scripts/build_llama_cpp.sh's), THREADS (2),
-# KVQ_ROWS (a comma list of kvq's row names: only those; default all),
+# 1-4 minutes (by load), kvq's token-by-token rows (NAME_b1) 1-2 minutes,
+# the transformers rows 15 minutes (token by token), so 60-90 minutes in all;
+# PHASES runs parts side by side. Settings from the environment: KVQ (default
+# build/bin/kvq), LLAMA_BIN (the llama.cpp bin/ with llama-perplexity;
+# default: scripts/build_llama_cpp.sh's), THREADS (2), KVQ_ROWS (a comma
+# list of kvq's row names, NAME_b1 for the token-by-token ones: only those;
+# default all),
 # HF_WINDOWS (windows for the transformers rows, default CHUNKS: they decode
 # token by token), HF_THREADS (1), HF_BATCH (windows the transformers rows decode
 # together, each its own sequence: one pass of matrix products serves them all;
@@ -27,7 +29,7 @@
 # A step that succeeded before with the same command is not rerun.
 # Needs: make build, and scripts/setup_peers.sh for the transformers rows.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n 2,28p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,30p "$0"; exit 2; }
 model=$1 text=$2 out=$3 chunks=${4:-8}
 root=$(cd "$(dirname "$0")/.." && pwd)
 kvq=${KVQ:-$root/build/bin/kvq}

@@ -360,8 +360,7 @@ Status RunNeedleStage(LoadedModel& model, const std::string& calibration, const 
                       const Report& report, Json& out) {
   // The caches hold the longest prompt, an extension context's included.
   int64_t longest = 0;
-  for (int64_t c : o.needle.options.contexts) longest = std::max(longest, c);
-  for (int64_t c : o.needle.options.extend_contexts) longest = std::max(longest, c);
+  for (int64_t c : AllContexts(o.needle.options)) longest = std::max(longest, c);
   std::vector<NeedleScheme> schemes;
   for (const SchemeSpec& spec : F16First(o.needle.schemes)) {
     schemes.push_back({spec.name, CacheMaker(model, spec, longest, o.threads, calibration)});

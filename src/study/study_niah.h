@@ -54,6 +54,9 @@ struct NeedleOptions {
   bool chat = false;  // wrap in the model's chat template (instruct models)
 };
 
+// Every context of the grid: `contexts`, then `extend_contexts` (ascending).
+std::vector<int64_t> AllContexts(const NeedleOptions& o);
+
 // Answer room per task: the tokens decoded (values are 7 digits; a
 // multivalue answer lists 4).
 int NeedleAnswerTokens(NeedleTask task);

@@ -205,13 +205,6 @@ std::vector<Cell> CellsAt(const std::vector<NeedleTask>& tasks, int64_t context,
   return cells;
 }
 
-// Every context of the grid: the base ones, then the extensions, ascending.
-std::vector<int64_t> AllContexts(const NeedleOptions& o) {
-  std::vector<int64_t> all = o.contexts;
-  all.insert(all.end(), o.extend_contexts.begin(), o.extend_contexts.end());
-  return all;
-}
-
 Status CheckOptions(const NeedleOptions& o) {
   if (o.trials < 1 || o.tasks.empty() || o.contexts.empty() || o.depths.empty()) {
     return Status::Error("needle study: needs tasks, contexts, depths and at least one trial");
@@ -276,6 +269,12 @@ std::pair<Json, std::string> PerTask(const NeedleOptions& o, const F16Tally& f16
 
 }  // namespace
 
+std::vector<int64_t> AllContexts(const NeedleOptions& o) {
+  std::vector<int64_t> all = o.contexts;
+  all.insert(all.end(), o.extend_contexts.begin(), o.extend_contexts.end());
+  return all;
+}
+
 StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme>& schemes,
                               const NeedleOptions& o, const std::string& dir,
                               const std::function<void(const NeedleProgress&)>& progress) {
@@ -283,9 +282,6 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
   KVQ_RETURN_IF_ERROR(CheckOptions(o));
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, ConfigJson(model, o)));
   F16Tally f16_tally;
-  auto passes = [&](NeedleTask task, int64_t context) {
-    return F16Passes(f16_tally, task, context);
-  };
   const auto tally_f16 = [&](const Cell& cell, const CellResult& r) {
     auto& t = f16_tally[{static_cast<int>(cell.task), cell.context}];
     t.first += r.correct;
@@ -305,7 +301,8 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
   for (int64_t c : o.extend_contexts) {
     std::vector<NeedleTask> still;
     for (NeedleTask t : o.tasks) {
-      if (std::all_of(shorter.begin(), shorter.end(), [&](int64_t s) { return passes(t, s); })) {
+      if (std::all_of(shorter.begin(), shorter.end(),
+                      [&](int64_t s) { return F16Passes(f16_tally, t, s); })) {
         still.push_back(t);
       }
     }
@@ -321,7 +318,7 @@ StatusOr<Json> RunNeedleStudy(LoadedModel& model, const std::vector<NeedleScheme
   // Every other scheme where f16 passes.
   std::vector<Cell> passing_cells;
   for (const Cell& c : f16_cells) {
-    if (passes(c.task, c.context)) passing_cells.push_back(c);
+    if (F16Passes(f16_tally, c.task, c.context)) passing_cells.push_back(c);
   }
   for (size_t i = 1; i < schemes.size(); ++i) {
     KVQ_ASSIGN_OR_RETURN(std::unique_ptr<SchemeRun> run, SchemeRun::Start(model, schemes[i], dir));

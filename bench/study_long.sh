@@ -26,7 +26,10 @@
 # MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
 # the environment: KVQ (default build/bin/kvq), THREADS (default 2),
 # NIAH_TASKS, NIAH_CONTEXTS, NIAH_EXTEND (longer contexts run only for the tasks
-# f16 passes at every shorter one; empty for none), NIAH_ROUNDS, CONTEXT_KL_LENGTHS. A narrower grid or
+# f16 passes at every shorter one; empty for none), NIAH_ROUNDS, NIAH_SCHEMES
+# (only these besides f16: two THREADS=1 processes on disjoint schemes keep
+# two cores busier than one two-thread process, whose decode steps are too
+# small to split well), CONTEXT_KL_LENGTHS. A narrower grid or
 # fewer lengths reuse what is recorded, and a later full run extends them.
 # Progress goes to standard error; run it under nohup with a log file.
 set -euo pipefail
@@ -47,15 +50,16 @@ core_schemes=f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int
 core_schemes+=,int2-c32-asym/int2-g32-asym,int2-s4,policy:docs/study/policies/int2_boundary.txt
 core_schemes+=,policy:docs/study/policies/kivi2_boundary.txt,gear4,gear2,kvquant4,kvquant3,kvquant2
 
-study() {  # study MODEL_STEM JSON_NAME FLAGS...
+study() {  # study MODEL_STEM JSON_PATH FLAGS... (a bare JSON name goes beside the study)
   local stem=$1 json=$2
   shift 2
   local dir=docs/study/$stem
-  mkdir -p "$dir/results"
+  [[ "$json" == */* ]] || json=$dir/$json
+  mkdir -p "$dir/results" "$(dirname "$json")"
   echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf $*" >&2
   "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --no-core \
-    --results-dir "$dir/results" --json "$dir/$json.tmp" "$@"
-  mv "$dir/$json.tmp" "$dir/$json"
+    --results-dir "$dir/results" --json "$json.tmp" "$@"
+  mv "$json.tmp" "$json"
 }
 
 case $stage in
@@ -68,9 +72,16 @@ case $stage in
   niah)
     # Rounds of trials (the count is not part of the results' configuration,
     # so each round only adds trials): the whole grid at 5, then 10, then 20.
+    # NIAH_SCHEMES runs a subset (f16 first: every scheme is judged where it
+    # passes), e.g. in a second one-thread process beside a full run; its JSON
+    # then goes under build/, and needle.json is left to a run of the whole set.
+    json=needle.json
+    if [ -n "${NIAH_SCHEMES:-}" ]; then
+      json=build/study_long/${2:?model stem}-needle-$(echo "$NIAH_SCHEMES" | tr -c 'A-Za-z0-9.\n-' _).json
+    fi
     for trials in $(echo "${NIAH_ROUNDS:-5,10,20}" | tr , ' '); do
       extend=${NIAH_EXTEND-8192}
-      study "${2:?model stem}" needle.json --niah \
+      study "${2:?model stem}" "$json" --niah ${NIAH_SCHEMES:+--niah-schemes "f16,$NIAH_SCHEMES"} \
         --niah-tasks "${NIAH_TASKS:-single_repeat,single_needle,multikey_repeat,multivalue_repeat}" \
         --niah-contexts "${NIAH_CONTEXTS:-1024,2048,4096}" \
         ${extend:+--niah-extend-contexts "$extend"} --niah-trials "$trials"

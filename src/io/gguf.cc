@@ -233,6 +233,179 @@ StatusOr<double> AsFloat(const GgufValue& v, std::string_view key) {
                        ", expected a number");
 }
 
+using Metadata = std::vector<std::pair<std::string, GgufValue>>;
+
+// Magic and version; then the two counts, each bounded by the bytes left.
+Status ReadHeader(Reader& r, uint32_t* version, uint64_t* n_tensors, uint64_t* n_kv) {
+  char magic[4];
+  KVQ_RETURN_IF_ERROR(r.Read(&magic, "magic"));
+  if (std::memcmp(magic, "GGUF", 4) != 0) {
+    return Status::Error("not a GGUF file (magic bytes are not 'GGUF')");
+  }
+  KVQ_RETURN_IF_ERROR(r.Read(version, "version"));
+  if ((*version & 0xFFFFu) == 0 && *version != 0) {
+    return Status::Error("big-endian GGUF files are not supported");
+  }
+  if (*version != 2 && *version != 3) {
+    return Status::Error("unsupported GGUF version " + std::to_string(*version) +
+                         " (supported: 2, 3)");
+  }
+  KVQ_RETURN_IF_ERROR(r.Read(n_tensors, "tensor count"));
+  KVQ_RETURN_IF_ERROR(r.Read(n_kv, "metadata count"));
+  // A key-value pair takes at least 13 bytes (key length, type, one byte).
+  if (*n_kv > r.remaining() / 13) {
+    return Status::Error("metadata count " + std::to_string(*n_kv) + " is impossible: only " +
+                         std::to_string(r.remaining()) + " bytes remain");
+  }
+  // A tensor info takes at least 24 bytes (name length, n_dims, type, offset).
+  if (*n_tensors > r.remaining() / 24) {
+    return Status::Error("tensor count " + std::to_string(*n_tensors) + " is impossible: only " +
+                         std::to_string(r.remaining()) + " bytes remain");
+  }
+  return Status::Ok();
+}
+
+Status ReadMetadata(Reader& r, uint64_t n_kv, Metadata* metadata) {
+  std::unordered_set<std::string> keys;
+  metadata->reserve(static_cast<size_t>(n_kv));
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    std::string key;
+    KVQ_RETURN_IF_ERROR(r.ReadString(&key, "metadata key #" + std::to_string(i)));
+    if (!keys.insert(key).second) {
+      return Status::Error("duplicate metadata key '" + key + "'");
+    }
+    const std::string what = "metadata key '" + key + "'";
+    uint32_t type = 0;
+    KVQ_RETURN_IF_ERROR(r.Read(&type, what + " type"));
+    if (!IsValidType(type)) {
+      return Status::Error(what + ": invalid value type " + std::to_string(type));
+    }
+    GgufValue value;
+    KVQ_RETURN_IF_ERROR(ReadValue(r, static_cast<GgufType>(type), 0, what, &value));
+    metadata->emplace_back(std::move(key), std::move(value));
+  }
+  return Status::Ok();
+}
+
+// general.alignment when present (a power of two up to 2^30), else the default.
+StatusOr<size_t> ReadAlignment(const GgufValue* value) {
+  if (value == nullptr) return kGgufDefaultAlignment;
+  KVQ_ASSIGN_OR_RETURN(int64_t v, AsInt(*value, "general.alignment"));
+  if (v <= 0 || !GgufAlignmentIsValid(static_cast<uint64_t>(v))) {
+    return Status::Error("general.alignment " + std::to_string(v) +
+                         " is not a power of two (up to 2^30)");
+  }
+  return static_cast<size_t>(v);
+}
+
+// A tensor's dimensions (GGUF lists the fastest-varying first; TensorRef
+// keeps the outermost first) and its element count, each checked.
+Status ReadShape(Reader& r, const std::string& what, TensorRef* t, int64_t* row_length,
+                 int64_t* count) {
+  uint32_t n_dims = 0;
+  KVQ_RETURN_IF_ERROR(r.Read(&n_dims, what + " dimension count"));
+  if (n_dims == 0 || n_dims > kGgufMaxDims) {
+    return Status::Error(what + " has " + std::to_string(n_dims) +
+                         " dimensions (supported: 1 to 4)");
+  }
+  int64_t ne[kGgufMaxDims];
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    KVQ_RETURN_IF_ERROR(r.Read(&ne[d], what + " dimensions"));
+  }
+  *count = 1;
+  for (uint32_t d = n_dims; d-- > 0;) {
+    t->shape.push_back(ne[d]);
+    if (ne[d] <= 0) {
+      return Status::Error(what + " has non-positive dimension " + std::to_string(ne[d]));
+    }
+    if (__builtin_mul_overflow(*count, ne[d], count)) {
+      return Status::Error(what + ": element count overflows");
+    }
+  }
+  *row_length = ne[0];
+  return Status::Ok();
+}
+
+// Where a tensor's bytes lie, relative to the data section.
+struct TensorSpan {
+  uint64_t offset;
+  size_t nbytes;
+  size_t index;  // into the file's tensors
+};
+
+// One tensor info: name, shape, type and offset, each checked against the
+// file (`file_size` bounds the element count, which keeps the byte count
+// from overflowing).
+Status ReadTensorInfo(Reader& r, uint64_t i, size_t alignment, size_t file_size,
+                      std::unordered_set<std::string>* names, TensorRef* t, uint64_t* offset) {
+  KVQ_RETURN_IF_ERROR(r.ReadString(&t->name, "tensor #" + std::to_string(i) + " name"));
+  if (!names->insert(t->name).second) {
+    return Status::Error("duplicate tensor name '" + t->name + "'");
+  }
+  const std::string what = "tensor '" + t->name + "'";
+  int64_t row_length = 0, count = 0;
+  KVQ_RETURN_IF_ERROR(ReadShape(r, what, t, &row_length, &count));
+  uint32_t ggml_type = 0;
+  KVQ_RETURN_IF_ERROR(r.Read(&ggml_type, what + " type"));
+  if (!GgmlToDType(ggml_type, &t->dtype)) {
+    const char* type_name = GgmlTypeName(ggml_type);
+    return Status::Error("unsupported tensor type " +
+                         (type_name ? std::string(type_name) : std::to_string(ggml_type)) +
+                         " in tensor '" + t->name +
+                         "' (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                         "IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+  }
+  const int64_t block = DTypeBlockSize(t->dtype);
+  if (row_length % block != 0) {
+    return Status::Error(what + " is " + DTypeName(t->dtype) + " but its row length " +
+                         std::to_string(row_length) + " is not a multiple of " +
+                         std::to_string(block));
+  }
+  KVQ_RETURN_IF_ERROR(r.Read(offset, what + " offset"));
+  if (*offset % alignment != 0) {
+    return Status::Error(what + " data offset " + std::to_string(*offset) +
+                         " is not a multiple of the alignment " + std::to_string(alignment));
+  }
+  if (static_cast<uint64_t>(count) > file_size) {
+    return Status::Error(what + " of shape " + ShapeString(t->shape) + " (" +
+                         std::to_string(count) + " elements) cannot fit in a file of " +
+                         std::to_string(file_size) + " bytes");
+  }
+  t->nbytes = DTypeBytes(t->dtype, count);
+  return Status::Ok();
+}
+
+// Points each tensor at its bytes; every tensor must lie inside the file and
+// none may overlap another.
+Status PlaceTensors(const uint8_t* data, size_t size, uint64_t data_start,
+                    std::vector<TensorSpan> spans, std::vector<TensorRef>* tensors) {
+  for (const TensorSpan& span : spans) {
+    TensorRef& t = (*tensors)[span.index];
+    // data_start <= size + alignment and offset, nbytes <= 2^64 / 2: no overflow
+    // is possible in 64-bit, but check explicitly to say so.
+    uint64_t begin = 0, end = 0;
+    if (__builtin_add_overflow(data_start, span.offset, &begin) ||
+        __builtin_add_overflow(begin, static_cast<uint64_t>(span.nbytes), &end) || end > size) {
+      return Status::Error("tensor '" + t.name + "' extends past end of file (offset " +
+                           std::to_string(begin) + " + " + std::to_string(span.nbytes) + " > " +
+                           std::to_string(size) + ")");
+    }
+    t.data = data + begin;
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const TensorSpan& a, const TensorSpan& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const TensorSpan& prev = spans[i - 1];
+    if (prev.offset + prev.nbytes > spans[i].offset) {
+      return Status::Error("tensor '" + (*tensors)[prev.index].name + "' (offset " +
+                           std::to_string(prev.offset) + ", " + std::to_string(prev.nbytes) +
+                           " bytes) overlaps tensor '" + (*tensors)[spans[i].index].name +
+                           "' (offset " + std::to_string(spans[i].offset) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* GgufTypeName(GgufType type) {
@@ -285,131 +458,20 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, size_t 
 
 Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
   Reader r(data, size);
-  char magic[4];
-  KVQ_RETURN_IF_ERROR(r.Read(&magic, "magic"));
-  if (std::memcmp(magic, "GGUF", 4) != 0) {
-    return Status::Error("not a GGUF file (magic bytes are not 'GGUF')");
-  }
-  KVQ_RETURN_IF_ERROR(r.Read(&version_, "version"));
-  if ((version_ & 0xFFFFu) == 0 && version_ != 0) {
-    return Status::Error("big-endian GGUF files are not supported");
-  }
-  if (version_ != 2 && version_ != 3) {
-    return Status::Error("unsupported GGUF version " + std::to_string(version_) +
-                         " (supported: 2, 3)");
-  }
   uint64_t n_tensors = 0, n_kv = 0;
-  KVQ_RETURN_IF_ERROR(r.Read(&n_tensors, "tensor count"));
-  KVQ_RETURN_IF_ERROR(r.Read(&n_kv, "metadata count"));
-  // A key-value pair takes at least 13 bytes (key length, type, one byte).
-  if (n_kv > r.remaining() / 13) {
-    return Status::Error("metadata count " + std::to_string(n_kv) + " is impossible: only " +
-                         std::to_string(r.remaining()) + " bytes remain");
-  }
-  // A tensor info takes at least 24 bytes (name length, n_dims, type, offset).
-  if (n_tensors > r.remaining() / 24) {
-    return Status::Error("tensor count " + std::to_string(n_tensors) + " is impossible: only " +
-                         std::to_string(r.remaining()) + " bytes remain");
-  }
+  KVQ_RETURN_IF_ERROR(ReadHeader(r, &version_, &n_tensors, &n_kv));
+  KVQ_RETURN_IF_ERROR(ReadMetadata(r, n_kv, &metadata_));
+  KVQ_ASSIGN_OR_RETURN(alignment_, ReadAlignment(Find("general.alignment")));
 
-  std::unordered_set<std::string> keys;
-  metadata_.reserve(static_cast<size_t>(n_kv));
-  for (uint64_t i = 0; i < n_kv; ++i) {
-    std::string key;
-    KVQ_RETURN_IF_ERROR(r.ReadString(&key, "metadata key #" + std::to_string(i)));
-    if (!keys.insert(key).second) {
-      return Status::Error("duplicate metadata key '" + key + "'");
-    }
-    const std::string what = "metadata key '" + key + "'";
-    uint32_t type = 0;
-    KVQ_RETURN_IF_ERROR(r.Read(&type, what + " type"));
-    if (!IsValidType(type)) {
-      return Status::Error(what + ": invalid value type " + std::to_string(type));
-    }
-    GgufValue value;
-    KVQ_RETURN_IF_ERROR(ReadValue(r, static_cast<GgufType>(type), 0, what, &value));
-    metadata_.emplace_back(std::move(key), std::move(value));
-  }
-
-  alignment_ = kGgufDefaultAlignment;
-  if (const GgufValue* a = Find("general.alignment")) {
-    StatusOr<int64_t> v = AsInt(*a, "general.alignment");
-    if (!v.ok()) return v.status();
-    if (*v <= 0 || !GgufAlignmentIsValid(static_cast<uint64_t>(*v))) {
-      return Status::Error("general.alignment " + std::to_string(*v) +
-                           " is not a power of two (up to 2^30)");
-    }
-    alignment_ = static_cast<size_t>(*v);
-  }
-
-  struct Info {
-    uint64_t offset;
-    size_t nbytes;
-    size_t index;
-  };
-  std::vector<Info> infos;
+  std::vector<TensorSpan> spans;
   std::unordered_set<std::string> names;
   tensors_.reserve(static_cast<size_t>(n_tensors));
-  infos.reserve(static_cast<size_t>(n_tensors));
+  spans.reserve(static_cast<size_t>(n_tensors));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     TensorRef t;
-    KVQ_RETURN_IF_ERROR(r.ReadString(&t.name, "tensor #" + std::to_string(i) + " name"));
-    if (!names.insert(t.name).second) {
-      return Status::Error("duplicate tensor name '" + t.name + "'");
-    }
-    const std::string what = "tensor '" + t.name + "'";
-    uint32_t n_dims = 0;
-    KVQ_RETURN_IF_ERROR(r.Read(&n_dims, what + " dimension count"));
-    if (n_dims == 0 || n_dims > kGgufMaxDims) {
-      return Status::Error(what + " has " + std::to_string(n_dims) +
-                           " dimensions (supported: 1 to 4)");
-    }
-    int64_t ne[kGgufMaxDims];
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      KVQ_RETURN_IF_ERROR(r.Read(&ne[d], what + " dimensions"));
-    }
-    // GGUF lists the fastest-varying dimension first; TensorRef is outermost first.
-    int64_t count = 1;
-    for (uint32_t d = n_dims; d-- > 0;) {
-      t.shape.push_back(ne[d]);
-      if (ne[d] <= 0) {
-        return Status::Error(what + " has non-positive dimension " + std::to_string(ne[d]));
-      }
-      if (__builtin_mul_overflow(count, ne[d], &count)) {
-        return Status::Error(what + ": element count overflows");
-      }
-    }
-    uint32_t ggml_type = 0;
-    KVQ_RETURN_IF_ERROR(r.Read(&ggml_type, what + " type"));
-    if (!GgmlToDType(ggml_type, &t.dtype)) {
-      const char* type_name = GgmlTypeName(ggml_type);
-      return Status::Error("unsupported tensor type " +
-                           (type_name ? std::string(type_name) : std::to_string(ggml_type)) +
-                           " in tensor '" + t.name +
-                           "' (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-                           "IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
-    }
-    const int64_t block = DTypeBlockSize(t.dtype);
-    if (ne[0] % block != 0) {
-      return Status::Error(what + " is " + DTypeName(t.dtype) + " but its row length " +
-                           std::to_string(ne[0]) + " is not a multiple of " +
-                           std::to_string(block));
-    }
     uint64_t offset = 0;
-    KVQ_RETURN_IF_ERROR(r.Read(&offset, what + " offset"));
-    if (offset % alignment_ != 0) {
-      return Status::Error(what + " data offset " + std::to_string(offset) +
-                           " is not a multiple of the alignment " + std::to_string(alignment_));
-    }
-    // Any tensor whose element count exceeds the file size cannot fit; this
-    // bound also keeps the byte count below from overflowing.
-    if (static_cast<uint64_t>(count) > size) {
-      return Status::Error(what + " of shape " + ShapeString(t.shape) + " (" +
-                           std::to_string(count) + " elements) cannot fit in a file of " +
-                           std::to_string(size) + " bytes");
-    }
-    t.nbytes = DTypeBytes(t.dtype, count);
-    infos.push_back({offset, t.nbytes, tensors_.size()});
+    KVQ_RETURN_IF_ERROR(ReadTensorInfo(r, i, alignment_, size, &names, &t, &offset));
+    spans.push_back({offset, t.nbytes, tensors_.size()});
     tensors_.push_back(std::move(t));
   }
 
@@ -418,31 +480,7 @@ Status GgufFile::ParseImpl(const uint8_t* data, size_t size) {
   const uint64_t data_start =
       (static_cast<uint64_t>(header_end) + alignment_ - 1) / alignment_ * alignment_;
   data_offset_ = static_cast<size_t>(std::min<uint64_t>(data_start, size));
-  for (const Info& info : infos) {
-    TensorRef& t = tensors_[info.index];
-    // data_start <= size + alignment and offset, nbytes <= 2^64 / 2: no overflow
-    // is possible in 64-bit, but check explicitly to say so.
-    uint64_t begin = 0, end = 0;
-    if (__builtin_add_overflow(data_start, info.offset, &begin) ||
-        __builtin_add_overflow(begin, static_cast<uint64_t>(info.nbytes), &end) || end > size) {
-      return Status::Error("tensor '" + t.name + "' extends past end of file (offset " +
-                           std::to_string(begin) + " + " + std::to_string(info.nbytes) + " > " +
-                           std::to_string(size) + ")");
-    }
-    t.data = data + begin;
-  }
-  std::sort(infos.begin(), infos.end(),
-            [](const Info& a, const Info& b) { return a.offset < b.offset; });
-  for (size_t i = 1; i < infos.size(); ++i) {
-    const Info& prev = infos[i - 1];
-    if (prev.offset + prev.nbytes > infos[i].offset) {
-      return Status::Error("tensor '" + tensors_[prev.index].name + "' (offset " +
-                           std::to_string(prev.offset) + ", " + std::to_string(prev.nbytes) +
-                           " bytes) overlaps tensor '" + tensors_[infos[i].index].name +
-                           "' (offset " + std::to_string(infos[i].offset) + ")");
-    }
-  }
-  return Status::Ok();
+  return PlaceTensors(data, size, data_start, std::move(spans), &tensors_);
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {

@@ -38,6 +38,106 @@ std::string Printable(const std::string& s) {
   return out;
 }
 
+// A tensor's shape: at most 8 non-negative dimensions whose product fits int64.
+Status ReadShape(const json& shape, const std::string& what, TensorRef* t, int64_t* count) {
+  if (shape.size() > 8) {
+    return Status::Error(what + " has " + std::to_string(shape.size()) + " dimensions");
+  }
+  *count = 1;
+  for (const json& d : shape) {
+    if (!d.is_number_unsigned()) {
+      return Status::Error(what + ": shape entries must be non-negative integers");
+    }
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(INT64_MAX) ||
+        __builtin_mul_overflow(*count, static_cast<int64_t>(dim), count)) {
+      return Status::Error(what + ": element count overflows");
+    }
+    t->shape.push_back(static_cast<int64_t>(dim));
+  }
+  return Status::Ok();
+}
+
+// Where a tensor's bytes lie in the data section.
+struct Span {
+  uint64_t begin, end;
+  size_t index;  // into the file's tensors
+};
+
+// One header entry: dtype, shape and data_offsets, each of the right JSON
+// type, the bytes inside the data section and exactly as many as the shape
+// needs.
+Status ReadTensorEntry(const std::string& key, const json& entry, const uint8_t* base,
+                       uint64_t data_size, TensorRef* t, Span* span) {
+  const std::string what = "tensor '" + Printable(key) + "'";
+  if (!entry.is_object()) return Status::Error(what + ": header entry is not an object");
+  const auto dtype_it = entry.find("dtype");
+  const auto shape_it = entry.find("shape");
+  const auto offsets_it = entry.find("data_offsets");
+  if (dtype_it == entry.end() || !dtype_it->is_string()) {
+    return Status::Error(what + ": missing or non-string 'dtype'");
+  }
+  if (shape_it == entry.end() || !shape_it->is_array()) {
+    return Status::Error(what + ": missing or non-array 'shape'");
+  }
+  if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
+      !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
+    return Status::Error(what + ": 'data_offsets' must be two non-negative integers");
+  }
+  t->name = key;
+  const std::string dtype_name = dtype_it->get<std::string>();
+  if (!DTypeFromName(dtype_name, &t->dtype)) {
+    return Status::Error(what + " has unsupported dtype " + Printable(dtype_name) +
+                         " (supported: F32, F16, BF16)");
+  }
+  int64_t count = 0;
+  KVQ_RETURN_IF_ERROR(ReadShape(*shape_it, what, t, &count));
+  const uint64_t begin = (*offsets_it)[0].get<uint64_t>();
+  const uint64_t end = (*offsets_it)[1].get<uint64_t>();
+  if (begin > end) {
+    return Status::Error(what + ": data_offsets [" + std::to_string(begin) + ", " +
+                         std::to_string(end) + "] are out of order");
+  }
+  if (end > data_size) {
+    return Status::Error(what + " extends past end of file (data offset " + std::to_string(end) +
+                         " > data size " + std::to_string(data_size) + ")");
+  }
+  // count <= INT64_MAX and the element size is at most 4: compare in 128 bits.
+  const unsigned __int128 expected =
+      static_cast<unsigned __int128>(count) * (t->dtype == DType::kF32 ? 4 : 2);
+  if (expected != end - begin) {
+    return Status::Error(
+        what + ": " + std::to_string(end - begin) + " data bytes, but " + dtype_name + " " +
+        ShapeString(t->shape) + " needs " +
+        std::to_string(static_cast<uint64_t>(std::min<unsigned __int128>(expected, UINT64_MAX))));
+  }
+  t->data = base + begin;
+  t->nbytes = static_cast<size_t>(end - begin);
+  span->begin = begin;
+  span->end = end;
+  return Status::Ok();
+}
+
+// Sorts the tensors into data order (so a reader walking them walks the file
+// forward), refusing any two that overlap.
+Status OrderByData(std::vector<Span> spans, std::vector<TensorRef>* tensors) {
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].begin < spans[i - 1].end) {
+      return Status::Error("tensor '" + Printable((*tensors)[spans[i - 1].index].name) +
+                           "' overlaps tensor '" + Printable((*tensors)[spans[i].index].name) +
+                           "'");
+    }
+  }
+  std::vector<TensorRef> ordered;
+  ordered.reserve(tensors->size());
+  for (const Span& s : spans) ordered.push_back(std::move((*tensors)[s.index]));
+  *tensors = std::move(ordered);
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
@@ -75,14 +175,9 @@ Status SafetensorsFile::ParseImpl(const uint8_t* data, size_t size) {
 
   const uint8_t* base = data + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
-  struct Span {
-    uint64_t begin, end;
-    size_t index;
-  };
   std::vector<Span> spans;
   for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string& key = it.key();
-    if (key == "__metadata__") {
+    if (it.key() == "__metadata__") {
       // Free-form pairs (calibration files record what they describe). The
       // format says string to string; other writers put anything there, so
       // non-string values are skipped rather than refused.
@@ -92,83 +187,13 @@ Status SafetensorsFile::ParseImpl(const uint8_t* data, size_t size) {
       }
       continue;
     }
-    const std::string what = "tensor '" + Printable(key) + "'";
-    const json& entry = it.value();
-    if (!entry.is_object()) return Status::Error(what + ": header entry is not an object");
-    const auto dtype_it = entry.find("dtype");
-    const auto shape_it = entry.find("shape");
-    const auto offsets_it = entry.find("data_offsets");
-    if (dtype_it == entry.end() || !dtype_it->is_string()) {
-      return Status::Error(what + ": missing or non-string 'dtype'");
-    }
-    if (shape_it == entry.end() || !shape_it->is_array()) {
-      return Status::Error(what + ": missing or non-array 'shape'");
-    }
-    if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
-        !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
-      return Status::Error(what + ": 'data_offsets' must be two non-negative integers");
-    }
     TensorRef t;
-    t.name = key;
-    const std::string dtype_name = dtype_it->get<std::string>();
-    if (!DTypeFromName(dtype_name, &t.dtype)) {
-      return Status::Error(what + " has unsupported dtype " + Printable(dtype_name) +
-                           " (supported: F32, F16, BF16)");
-    }
-    if (shape_it->size() > 8) {
-      return Status::Error(what + " has " + std::to_string(shape_it->size()) + " dimensions");
-    }
-    int64_t count = 1;
-    for (const json& d : *shape_it) {
-      if (!d.is_number_unsigned()) {
-        return Status::Error(what + ": shape entries must be non-negative integers");
-      }
-      const uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(INT64_MAX) ||
-          __builtin_mul_overflow(count, static_cast<int64_t>(dim), &count)) {
-        return Status::Error(what + ": element count overflows");
-      }
-      t.shape.push_back(static_cast<int64_t>(dim));
-    }
-    const uint64_t begin = (*offsets_it)[0].get<uint64_t>();
-    const uint64_t end = (*offsets_it)[1].get<uint64_t>();
-    if (begin > end) {
-      return Status::Error(what + ": data_offsets [" + std::to_string(begin) + ", " +
-                           std::to_string(end) + "] are out of order");
-    }
-    if (end > data_size) {
-      return Status::Error(what + " extends past end of file (data offset " + std::to_string(end) +
-                           " > data size " + std::to_string(data_size) + ")");
-    }
-    // count <= INT64_MAX and the element size is at most 4: compare in 128 bits.
-    const unsigned __int128 expected =
-        static_cast<unsigned __int128>(count) * (t.dtype == DType::kF32 ? 4 : 2);
-    if (expected != end - begin) {
-      return Status::Error(
-          what + ": " + std::to_string(end - begin) + " data bytes, but " + dtype_name + " " +
-          ShapeString(t.shape) + " needs " +
-          std::to_string(static_cast<uint64_t>(std::min<unsigned __int128>(expected, UINT64_MAX))));
-    }
-    t.data = base + begin;
-    t.nbytes = static_cast<size_t>(end - begin);
-    spans.push_back({begin, end, tensors_.size()});
+    Span span{0, 0, tensors_.size()};
+    KVQ_RETURN_IF_ERROR(ReadTensorEntry(it.key(), it.value(), base, data_size, &t, &span));
+    spans.push_back(span);
     tensors_.push_back(std::move(t));
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].begin < spans[i - 1].end) {
-      return Status::Error("tensor '" + Printable(tensors_[spans[i - 1].index].name) +
-                           "' overlaps tensor '" + Printable(tensors_[spans[i].index].name) + "'");
-    }
-  }
-  // Data order, so a reader walking tensors() walks the file forward.
-  std::vector<TensorRef> ordered;
-  ordered.reserve(tensors_.size());
-  for (const Span& s : spans) ordered.push_back(std::move(tensors_[s.index]));
-  tensors_ = std::move(ordered);
-  return Status::Ok();
+  return OrderByData(std::move(spans), &tensors_);
 }
 
 const TensorRef* SafetensorsFile::Find(std::string_view name) const {

@@ -172,19 +172,30 @@ int64_t Transformer::WeightBytesPerToken() const {
 Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& cache,
                             std::vector<float>* logits, const KvObserver* observer) {
   const ModelConfig& c = config();
-  const int64_t hidden = c.hidden_size, head_dim = c.head_dim, ffn = c.intermediate_size;
-  const int64_t q_dim = c.num_heads * head_dim, kv_dim = c.num_kv_heads * head_dim;
-
-  // Flatten the batch: token t of the whole batch has id tokens[t] at
-  // position positions[t] of its own sequence.
   // Run state (act_) is reused across calls: sized at Create for one decoded
   // token, grown by the first larger batch, so decoding allocates nothing.
-  std::vector<int32_t>& tokens = act_.tokens;
-  std::vector<int32_t>& positions = act_.positions;
-  std::vector<int64_t>& output_rows = act_.output_rows;  // batch indices whose logits are returned
-  tokens.clear();
-  positions.clear();
-  output_rows.clear();
+  KVQ_RETURN_IF_ERROR(FlattenBatch(batch, cache));
+  const int64_t T = static_cast<int64_t>(act_.tokens.size());
+  act_.Resize(T, c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+              c.intermediate_size);
+
+  ops::Embed(weights_.token_embd, act_.tokens.data(), T, act_.x.data());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    KVQ_RETURN_IF_ERROR(AttentionBlock(l, batch, cache, observer));
+    FeedForwardBlock(l);
+  }
+  OutputHead(logits);
+  return Status::Ok();
+}
+
+// Flattens the batch: token t of the whole batch has id tokens[t] at
+// position positions[t] of its own sequence; output_rows lists the t whose
+// logits are returned.
+Status Transformer::FlattenBatch(const std::vector<BatchSequence>& batch, const KvCache& cache) {
+  const int64_t vocab = config().vocab_size;
+  act_.tokens.clear();
+  act_.positions.clear();
+  act_.output_rows.clear();
   for (const BatchSequence& s : batch) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (n == 0) return Status::Error("sequence " + std::to_string(s.seq) + " has no tokens");
@@ -196,19 +207,30 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
     const int64_t start = cache.Length(s.seq, 0);
     for (int64_t j = 0; j < n; ++j) {
       const int32_t id = s.tokens[j];
-      if (id < 0 || id >= c.vocab_size) {
+      if (id < 0 || id >= vocab) {
         return Status::Error("token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                             std::to_string(c.vocab_size) + ")");
+                             std::to_string(vocab) + ")");
       }
-      if (s.all_logits || j == n - 1) output_rows.push_back(static_cast<int64_t>(tokens.size()));
-      tokens.push_back(id);
-      positions.push_back(static_cast<int32_t>(start + j));
+      if (s.all_logits || j == n - 1) {
+        act_.output_rows.push_back(static_cast<int64_t>(act_.tokens.size()));
+      }
+      act_.tokens.push_back(id);
+      act_.positions.push_back(static_cast<int32_t>(start + j));
     }
   }
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return Status::Ok();
+}
 
-  act_.Resize(T, hidden, q_dim, kv_dim, ffn);
+// x += Wo · Attention(RoPE(Wq·norm(x)), RoPE(Wk·norm(x)), Wv·norm(x)), each
+// sequence attending over its own cache after appending its new K/V.
+Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequence>& batch,
+                                   KvCache& cache, const KvObserver* observer) {
+  const ModelConfig& c = config();
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t T = static_cast<int64_t>(act_.tokens.size());
+  const int64_t hidden = c.hidden_size, head_dim = c.head_dim;
+  const int64_t q_dim = c.num_heads * head_dim, kv_dim = c.num_kv_heads * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float>& x = act_.x;          // [T, hidden] residual stream
   std::vector<float>& xn = act_.xn;        // [T, hidden] normed input / sublayer output
   std::vector<float>& q = act_.q;          // [T, num_heads, head_dim]
@@ -216,62 +238,70 @@ Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& ca
   std::vector<float>& k = act_.k;          // [T, num_kv_heads, head_dim] after RoPE
   std::vector<float>& v = act_.v;          // [T, num_kv_heads, head_dim]
   std::vector<float>& attn = act_.attn;    // [T, num_heads, head_dim]
-  std::vector<float>& gate = act_.gate;    // [T, intermediate]
-  std::vector<float>& up = act_.up;        // [T, intermediate]
 
-  ops::Embed(weights_.token_embd, tokens.data(), T, x.data());
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_.layers[l];
-    // Attention block: x += Wo · Attention(RoPE(Wq·norm(x)), RoPE(Wk·norm(x)), Wv·norm(x))
-    ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-    ops::Matmul(w.attn_q, xn.data(), T, q.data(), num_threads_, &workspace_, arith_);
-    ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), num_threads_, &workspace_, arith_);
-    ops::Matmul(w.attn_v, xn.data(), T, v.data(), num_threads_, &workspace_, arith_);
-    if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
-    if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
-    if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
-    k = k_pre;
-    ops::Rope(rope_layout_, inv_freq_.data(), positions.data(), T, c.num_heads, head_dim, q.data());
-    ops::Rope(rope_layout_, inv_freq_.data(), positions.data(), T, c.num_kv_heads, head_dim,
-              k.data());
-    int64_t offset = 0;  // first batch token of the current sequence
-    for (const BatchSequence& s : batch) {
-      const int64_t n = static_cast<int64_t>(s.tokens.size());
-      const float* ks_pre = k_pre.data() + offset * kv_dim;
-      const float* ks = k.data() + offset * kv_dim;
-      const float* vs = v.data() + offset * kv_dim;
-      if (observer != nullptr && observer->on_kv) observer->on_kv(s.seq, l, n, ks_pre, ks, vs);
-      if (observer != nullptr && observer->on_q) {
-        observer->on_q(s.seq, l, n, q.data() + offset * q_dim);
-      }
-      KVQ_RETURN_IF_ERROR(cache.Append(s.seq, l, n, ks_pre, ks, vs));
-      KVQ_RETURN_IF_ERROR(cache.Attend(s.seq, l, n, q.data() + offset * q_dim, scale,
-                                       attn.data() + offset * q_dim));
-      offset += n;
+  ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
+  ops::Matmul(w.attn_q, xn.data(), T, q.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.attn_v, xn.data(), T, v.data(), num_threads_, &workspace_, arith_);
+  if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
+  if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
+  if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
+  k = k_pre;
+  const int32_t* positions = act_.positions.data();
+  ops::Rope(rope_layout_, inv_freq_.data(), positions, T, c.num_heads, head_dim, q.data());
+  ops::Rope(rope_layout_, inv_freq_.data(), positions, T, c.num_kv_heads, head_dim, k.data());
+  int64_t offset = 0;  // first batch token of the current sequence
+  for (const BatchSequence& s : batch) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    const float* ks_pre = k_pre.data() + offset * kv_dim;
+    const float* ks = k.data() + offset * kv_dim;
+    const float* vs = v.data() + offset * kv_dim;
+    if (observer != nullptr && observer->on_kv) observer->on_kv(s.seq, layer, n, ks_pre, ks, vs);
+    if (observer != nullptr && observer->on_q) {
+      observer->on_q(s.seq, layer, n, q.data() + offset * q_dim);
     }
-    ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_, arith_);
-    AddInPlace(xn.data(), T * hidden, x.data());
-
-    // Feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
-    ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-    ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), num_threads_, &workspace_, arith_);
-    ops::Matmul(w.ffn_up, xn.data(), T, up.data(), num_threads_, &workspace_, arith_);
-    ops::SwiGlu(gate.data(), up.data(), T * ffn, gate.data());
-    ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), num_threads_, &workspace_, arith_);
-    AddInPlace(xn.data(), T * hidden, x.data());
+    KVQ_RETURN_IF_ERROR(cache.Append(s.seq, layer, n, ks_pre, ks, vs));
+    KVQ_RETURN_IF_ERROR(cache.Attend(s.seq, layer, n, q.data() + offset * q_dim, scale,
+                                     attn.data() + offset * q_dim));
+    offset += n;
   }
+  ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_, arith_);
+  AddInPlace(xn.data(), T * hidden, x.data());
+  return Status::Ok();
+}
 
-  // Only the rows whose logits are wanted go through the final norm and head.
+// x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
+void Transformer::FeedForwardBlock(int64_t layer) {
+  const ModelConfig& c = config();
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t T = static_cast<int64_t>(act_.tokens.size());
+  const int64_t hidden = c.hidden_size;
+  std::vector<float>& x = act_.x;        // [T, hidden] residual stream
+  std::vector<float>& xn = act_.xn;      // [T, hidden] normed input / sublayer output
+  std::vector<float>& gate = act_.gate;  // [T, intermediate]
+  std::vector<float>& up = act_.up;      // [T, intermediate]
+  ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
+  ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.ffn_up, xn.data(), T, up.data(), num_threads_, &workspace_, arith_);
+  ops::SwiGlu(gate.data(), up.data(), T * c.intermediate_size, gate.data());
+  ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), num_threads_, &workspace_, arith_);
+  AddInPlace(xn.data(), T * hidden, x.data());
+}
+
+// logits = W_out · norm(x), only for the rows whose logits are wanted.
+void Transformer::OutputHead(std::vector<float>* logits) {
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size;
+  const std::vector<int64_t>& output_rows = act_.output_rows;
   const int64_t R = static_cast<int64_t>(output_rows.size());
   std::vector<float>& rows = act_.rows;  // [R, hidden]
   rows.resize(static_cast<size_t>(R * hidden));
   for (int64_t r = 0; r < R; ++r) {
-    std::copy_n(x.data() + output_rows[r] * hidden, hidden, rows.data() + r * hidden);
+    std::copy_n(act_.x.data() + output_rows[r] * hidden, hidden, rows.data() + r * hidden);
   }
   ops::RmsNorm(rows.data(), weights_.output_norm.data(), R, hidden, c.rms_norm_eps, rows.data());
   logits->resize(static_cast<size_t>(R * c.vocab_size));
   ops::Matmul(weights_.output, rows.data(), R, logits->data(), num_threads_, &workspace_, arith_);
-  return Status::Ok();
 }
 
 StatusOr<std::vector<std::vector<double>>> KBiasNorms(const ModelFiles& files) {

@@ -110,6 +110,13 @@ class Transformer {
 
  private:
   Transformer() = default;
+  // Forward's steps, each on act_ (see Forward for the order).
+  Status FlattenBatch(const std::vector<BatchSequence>& batch, const KvCache& cache);
+  Status AttentionBlock(int64_t layer, const std::vector<BatchSequence>& batch, KvCache& cache,
+                        const KvObserver* observer);
+  void FeedForwardBlock(int64_t layer);
+  void OutputHead(std::vector<float>* logits);
+
   ModelFiles files_;
   TransformerWeights weights_;
   std::vector<float> inv_freq_;  // [head_dim / 2]

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include "eval/logits_file.h"
 
@@ -123,13 +124,11 @@ std::vector<int32_t> PerplexityTokens(const LoadedModel& model, const std::strin
   return tokens;
 }
 
-StatusOr<PerplexityResult> RunPerplexity(
-    LoadedModel& model, KvCache& cache, const std::string& text, const PerplexityOptions& options,
-    const std::function<void(const PerplexityProgress&)>& on_window) {
-  Transformer& transformer = *model.transformer;
-  const int64_t vocab = transformer.config().vocab_size;
+namespace {
+
+Status CheckPerplexityOptions(const PerplexityOptions& options, int64_t model_context,
+                              const std::string& text) {
   const int64_t context = options.context;
-  const int64_t model_context = transformer.config().max_position_embeddings;
   if (context < 4) return Status::Error("--ctx must be at least 4 tokens");
   if (context % 2 != 0) {
     return Status::Error(
@@ -143,6 +142,135 @@ StatusOr<PerplexityResult> RunPerplexity(
   }
   if (options.batch < 1) return Status::Error("--batch must be at least 1");
   if (text.empty()) return Status::Error("the text is empty");
+  return Status::Ok();
+}
+
+// --save-logits: a writer for every scored row (null when not asked for).
+// text_tokens: the text's first windows * context tokens; fed: the same as fed.
+StatusOr<std::unique_ptr<LogitsFileWriter>> OpenLogitsWriter(const PerplexityOptions& options,
+                                                             int64_t vocab, int64_t first,
+                                                             int64_t windows,
+                                                             std::vector<int32_t> text_tokens,
+                                                             const std::vector<int32_t>& fed) {
+  if (options.save_logits_path.empty()) return std::unique_ptr<LogitsFileWriter>();
+  LogitsFileHeader header;
+  header.n_vocab = static_cast<uint32_t>(vocab);
+  header.n_ctx = static_cast<uint32_t>(options.context);
+  header.first = static_cast<uint32_t>(first);
+  header.n_windows = static_cast<uint32_t>(windows);
+  header.f16 = !options.save_logits_f32;
+  header.format = options.save_logits_format;
+  // llama.cpp's files hold the text's tokens, kvq's the tokens as fed.
+  header.tokens = header.format == LogitsFormat::kLlamaCpp ? std::move(text_tokens) : fed;
+  return LogitsFileWriter::Create(options.save_logits_path, header);
+}
+
+// Scores each row: its NLL and, against a base file, KL and top-1 agreement;
+// writes it to --save-logits.
+class RowScorer {
+ public:
+  RowScorer(int64_t vocab, std::unique_ptr<LogitsFileWriter> writer,
+            std::unique_ptr<LogitsFileReader> reader)
+      : vocab_(vocab), log_probs_(vocab), writer_(std::move(writer)), reader_(std::move(reader)) {}
+
+  Status Score(const float* logits, int32_t target, MeanAccumulator* window_nll) {
+    LogSoftmax(logits, vocab_, log_probs_.data());
+    const double nll = -log_probs_[target];
+    nll_.Add(nll);
+    window_nll->Add(nll);
+    const int32_t argmax = static_cast<int32_t>(
+        std::max_element(log_probs_.begin(), log_probs_.end()) - log_probs_.begin());
+    if (writer_ != nullptr) {
+      KVQ_RETURN_IF_ERROR(writer_->WriteRow(argmax, static_cast<float>(nll), log_probs_.data()));
+    }
+    if (reader_ != nullptr) {
+      KVQ_RETURN_IF_ERROR(reader_->ReadRow(&base_row_));
+      const double kl = KlDivergence(base_row_.log_probs, log_probs_);
+      kl_.Add(kl);
+      kl_values_.push_back(kl);
+      base_nll_.Add(base_row_.nll);
+      top1_same_ += base_row_.argmax == argmax ? 1 : 0;
+    }
+    return Status::Ok();
+  }
+
+  Status Close() { return writer_ != nullptr ? writer_->Close() : Status::Ok(); }
+  const MeanAccumulator& nll() const { return nll_; }
+
+  std::optional<KlStats> Kl() {
+    if (reader_ == nullptr) return std::nullopt;
+    KlStats kl;
+    kl.positions = kl_.n;
+    kl.mean = kl_.Mean();
+    kl.mean_error = kl_.MeanError();
+    std::sort(kl_values_.begin(), kl_values_.end());
+    kl.median = Percentile(kl_values_, 0.5);
+    kl.p99 = Percentile(kl_values_, 0.99);
+    kl.min = kl_values_.empty() ? 0 : kl_values_.front();
+    kl.max = kl_values_.empty() ? 0 : kl_values_.back();
+    const double p = kl.positions > 0 ? static_cast<double>(top1_same_) / kl.positions : 0;
+    kl.top1_percent = 100.0 * p;
+    kl.top1_error = kl.positions > 1 ? 100.0 * std::sqrt(p * (1 - p) / (kl.positions - 1)) : 0;
+    kl.base_ppl = std::exp(base_nll_.Mean());
+    kl.base_ppl_error = kl.base_ppl * base_nll_.MeanError();
+    return kl;
+  }
+
+ private:
+  int64_t vocab_;
+  std::vector<double> log_probs_;  // [vocab]
+  std::unique_ptr<LogitsFileWriter> writer_;
+  std::unique_ptr<LogitsFileReader> reader_;
+  LogitsRow base_row_;
+  MeanAccumulator nll_, kl_, base_nll_;
+  std::vector<double> kl_values_;
+  int64_t top1_same_ = 0;
+};
+
+// One window in a fresh sequence, fed `batch` tokens at a time; rows from
+// `first` on (each predicting the next token) are scored.
+Status ScoreWindow(Transformer& transformer, KvCache& cache, const int32_t* window, int64_t context,
+                   int64_t first, int64_t batch, RowScorer& scorer, MeanAccumulator* window_nll,
+                   std::vector<float>* logits) {
+  const SeqId seq = 0;
+  const int64_t vocab = transformer.config().vocab_size;
+  KVQ_RETURN_IF_ERROR(cache.AddSequence(seq));
+  struct Release {
+    KvCache& cache;
+    ~Release() { cache.ReleaseSequence(0); }
+  } release{cache};
+  if (cache.Capacity(seq) < context) {
+    return Status::Error("the KV cache holds only " + std::to_string(cache.Capacity(seq)) +
+                         " tokens, less than --ctx " + std::to_string(context) +
+                         " (raise --kv-memory)");
+  }
+  for (int64_t start = 0; start < context; start += batch) {
+    const int64_t n = std::min(batch, context - start);
+    const int32_t* chunk = window + start;
+    // Chunks that end before the scored half need no logits.
+    const bool scored = start + n - 1 >= first;
+    KVQ_RETURN_IF_ERROR(transformer.Forward({{seq, std::vector<int32_t>(chunk, chunk + n), scored}},
+                                            cache, logits));
+    if (!scored) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = start + i;
+      if (row < first || row > context - 2) continue;
+      KVQ_RETURN_IF_ERROR(scorer.Score(logits->data() + i * vocab, window[row + 1], window_nll));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<PerplexityResult> RunPerplexity(
+    LoadedModel& model, KvCache& cache, const std::string& text, const PerplexityOptions& options,
+    const std::function<void(const PerplexityProgress&)>& on_window) {
+  Transformer& transformer = *model.transformer;
+  const int64_t vocab = transformer.config().vocab_size;
+  const int64_t context = options.context;
+  KVQ_RETURN_IF_ERROR(
+      CheckPerplexityOptions(options, transformer.config().max_position_embeddings, text));
 
   PerplexityResult result;
   const std::vector<int32_t> tokens = PerplexityTokens(model, text);
@@ -163,22 +291,11 @@ StatusOr<PerplexityResult> RunPerplexity(
   if (result.bos_per_window) {
     for (int64_t w = 0; w < windows; ++w) fed[w * context] = tok.bos_id();
   }
-
-  std::unique_ptr<LogitsFileWriter> writer;
-  if (!options.save_logits_path.empty()) {
-    LogitsFileHeader header;
-    header.n_vocab = static_cast<uint32_t>(vocab);
-    header.n_ctx = static_cast<uint32_t>(context);
-    header.first = static_cast<uint32_t>(first);
-    header.n_windows = static_cast<uint32_t>(windows);
-    header.f16 = !options.save_logits_f32;
-    header.format = options.save_logits_format;
-    // llama.cpp's files hold the text's tokens, kvq's the tokens as fed.
-    header.tokens = header.format == LogitsFormat::kLlamaCpp
-                        ? std::vector<int32_t>(tokens.begin(), tokens.begin() + windows * context)
-                        : fed;
-    KVQ_ASSIGN_OR_RETURN(writer, LogitsFileWriter::Create(options.save_logits_path, header));
-  }
+  KVQ_ASSIGN_OR_RETURN(
+      std::unique_ptr<LogitsFileWriter> writer,
+      OpenLogitsWriter(options, vocab, first, windows,
+                       std::vector<int32_t>(tokens.begin(), tokens.begin() + windows * context),
+                       fed));
   std::unique_ptr<LogitsFileReader> reader;
   if (!options.kl_base_path.empty()) {
     KVQ_ASSIGN_OR_RETURN(reader, LogitsFileReader::Open(options.kl_base_path));
@@ -186,96 +303,37 @@ StatusOr<PerplexityResult> RunPerplexity(
                                          first, windows, fed, result.bos_per_window));
   }
 
-  const SeqId seq = 0;
-  MeanAccumulator nll_acc, kl_acc, base_nll_acc;
-  std::vector<double> kl_values;
-  int64_t top1_same = 0;
-  std::vector<float> logits;             // [rows, vocab]
-  std::vector<double> log_probs(vocab);  // [vocab]
-  LogitsRow base_row;
+  RowScorer scorer(vocab, std::move(writer), std::move(reader));
+  std::vector<float> logits;  // [rows, vocab]
   const auto start_time = std::chrono::steady_clock::now();
+  const auto seconds = [&start_time] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  };
   for (int64_t w = 0; w < windows; ++w) {
-    KVQ_RETURN_IF_ERROR(cache.AddSequence(seq));
-    struct Release {
-      KvCache& cache;
-      ~Release() { cache.ReleaseSequence(0); }
-    } release{cache};
-    if (cache.Capacity(seq) < context) {
-      return Status::Error("the KV cache holds only " + std::to_string(cache.Capacity(seq)) +
-                           " tokens, less than --ctx " + std::to_string(context) +
-                           " (raise --kv-memory)");
-    }
-    MeanAccumulator window_acc;
-    for (int64_t start = 0; start < context; start += options.batch) {
-      const int64_t n = std::min(options.batch, context - start);
-      const int32_t* chunk = fed.data() + w * context + start;
-      // Chunks that end before the scored half need no logits.
-      const bool scored = start + n - 1 >= first;
-      KVQ_RETURN_IF_ERROR(transformer.Forward(
-          {{seq, std::vector<int32_t>(chunk, chunk + n), scored}}, cache, &logits));
-      if (!scored) continue;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t row = start + i;
-        if (row < first || row > context - 2) continue;
-        LogSoftmax(logits.data() + i * vocab, vocab, log_probs.data());
-        const int32_t target = fed[w * context + row + 1];
-        const double nll = -log_probs[target];
-        nll_acc.Add(nll);
-        window_acc.Add(nll);
-        const int32_t argmax = static_cast<int32_t>(
-            std::max_element(log_probs.begin(), log_probs.end()) - log_probs.begin());
-        if (writer != nullptr) {
-          KVQ_RETURN_IF_ERROR(writer->WriteRow(argmax, static_cast<float>(nll), log_probs.data()));
-        }
-        if (reader != nullptr) {
-          KVQ_RETURN_IF_ERROR(reader->ReadRow(&base_row));
-          const double kl = KlDivergence(base_row.log_probs, log_probs);
-          kl_acc.Add(kl);
-          kl_values.push_back(kl);
-          base_nll_acc.Add(base_row.nll);
-          top1_same += base_row.argmax == argmax ? 1 : 0;
-        }
-      }
-    }
-    result.running_ppl.push_back(std::exp(nll_acc.Mean()));
+    MeanAccumulator window_nll;
+    KVQ_RETURN_IF_ERROR(ScoreWindow(transformer, cache, fed.data() + w * context, context, first,
+                                    options.batch, scorer, &window_nll, &logits));
+    result.running_ppl.push_back(std::exp(scorer.nll().Mean()));
     if (on_window) {
       PerplexityProgress p;
       p.window = w + 1;
       p.windows = windows;
       p.running_ppl = result.running_ppl.back();
-      p.window_ppl = std::exp(window_acc.Mean());
-      p.tokens_scored = nll_acc.n;
-      p.seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+      p.window_ppl = std::exp(window_nll.Mean());
+      p.tokens_scored = scorer.nll().n;
+      p.seconds = seconds();
       on_window(p);
     }
   }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-  if (writer != nullptr) KVQ_RETURN_IF_ERROR(writer->Close());
+  result.seconds = seconds();
+  KVQ_RETURN_IF_ERROR(scorer.Close());
   result.windows = windows;
   result.tokens_processed = windows * context;
-  result.tokens_scored = nll_acc.n;
-  result.mean_nll = nll_acc.Mean();
+  result.tokens_scored = scorer.nll().n;
+  result.mean_nll = scorer.nll().Mean();
   result.ppl = std::exp(result.mean_nll);
-  result.ppl_error = result.ppl * nll_acc.MeanError();
-  if (reader != nullptr) {
-    KlStats kl;
-    kl.positions = kl_acc.n;
-    kl.mean = kl_acc.Mean();
-    kl.mean_error = kl_acc.MeanError();
-    std::sort(kl_values.begin(), kl_values.end());
-    kl.median = Percentile(kl_values, 0.5);
-    kl.p99 = Percentile(kl_values, 0.99);
-    kl.min = kl_values.empty() ? 0 : kl_values.front();
-    kl.max = kl_values.empty() ? 0 : kl_values.back();
-    const double p = kl.positions > 0 ? static_cast<double>(top1_same) / kl.positions : 0;
-    kl.top1_percent = 100.0 * p;
-    kl.top1_error = kl.positions > 1 ? 100.0 * std::sqrt(p * (1 - p) / (kl.positions - 1)) : 0;
-    kl.base_ppl = std::exp(base_nll_acc.Mean());
-    kl.base_ppl_error = kl.base_ppl * base_nll_acc.MeanError();
-    result.kl = kl;
-  }
+  result.ppl_error = result.ppl * scorer.nll().MeanError();
+  result.kl = scorer.Kl();
   return result;
 }
 

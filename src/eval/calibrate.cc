@@ -283,17 +283,8 @@ Status FitRotations(const CaptureCache& cache, const KvShape& shape, const std::
   return Status::Ok();
 }
 
-}  // namespace
-
-StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
-                                      const CalibrateOptions& options) {
-  return CalibrateKvTokens(model, PerplexityTokens(model, text), options);
-}
-
-StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vector<int32_t>& tokens,
-                                            const CalibrateOptions& options) {
-  Transformer& transformer = *model.transformer;
-  const KvShape shape = transformer.kv_shape();
+Status CheckCalibrateOptions(const CalibrateOptions& options, const KvShape& shape,
+                             int64_t model_context) {
   if (options.bits.empty()) return Status::Error("calibrate: no bit widths");
   for (int bits : options.bits) {
     if (bits < 2 || bits > 4) {
@@ -303,10 +294,10 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
   if (options.outlier_percent < 0 || options.outlier_percent > 10) {
     return Status::Error("calibrate: --outliers must be 0 to 10 percent");
   }
-  if (options.context < 2 || options.context > transformer.config().max_position_embeddings) {
+  if (options.context < 2 || options.context > model_context) {
     return Status::Error("calibrate: --ctx " + std::to_string(options.context) +
-                         " outside [2, the model's context of " +
-                         std::to_string(transformer.config().max_position_embeddings) + "]");
+                         " outside [2, the model's context of " + std::to_string(model_context) +
+                         "]");
   }
   if (options.rotation != "qqt_sst" && options.rotation != "ktk_vtv" &&
       options.rotation != "none") {
@@ -319,6 +310,89 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
   if (static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
     return Status::Error("calibrate: the model's RoPE parameters are unknown");
   }
+  return Status::Ok();
+}
+
+// Runs `windows` windows of the tokens through the model into `cache`, each
+// starting with BOS when the model uses one; returns the tokens as fed
+// ([windows * context]).
+StatusOr<std::vector<int32_t>> CaptureWindows(LoadedModel& model,
+                                              const std::vector<int32_t>& tokens, int64_t windows,
+                                              int64_t context, CaptureCache& cache) {
+  std::vector<float> logits;
+  const Tokenizer& tok = *model.tokenizer;
+  std::vector<int32_t> fed;
+  for (int64_t w = 0; w < windows; ++w) {
+    std::vector<int32_t> window(tokens.begin() + w * context, tokens.begin() + (w + 1) * context);
+    if (tok.add_bos() && tok.bos_id() >= 0) window[0] = tok.bos_id();
+    fed.insert(fed.end(), window.begin(), window.end());
+    KVQ_RETURN_IF_ERROR(cache.AddSequence(0));
+    const Status forward = model.transformer->Forward({{0, window, false}}, cache, &logits);
+    cache.ReleaseSequence(0);
+    KVQ_RETURN_IF_ERROR(forward);
+  }
+  return fed;
+}
+
+// Per-element k-means weights from a --fisher file (empty without one).
+struct FisherWeights {
+  std::vector<std::vector<float>> k, v;  // [layer][rows * kv_heads * head_dim]
+};
+
+// Every --bits codebook of every layer's K and V, k-means weighted by the
+// Fisher file, by the keys' expected squared query component (q2), or
+// uniformly.
+Status FitCodebooks(const CaptureCache& cache, const KvShape& shape,
+                    const CalibrateOptions& options, const FisherWeights& fisher,
+                    KvCalibration* c) {
+  const int64_t heads = shape.num_kv_heads, dim = shape.head_dim;
+  const size_t per_layer = static_cast<size_t>(heads * dim);
+  for (int bits : options.bits) {
+    KvCalibration::Codebooks& books = c->codebooks[bits];
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      const std::vector<float> key_weights = cache.KeyWeights(l);
+      for (bool is_v : {false, true}) {
+        const std::vector<float>& x = (is_v ? cache.v() : cache.k())[static_cast<size_t>(l)];
+        NuqFitInput in;
+        in.bits = bits;
+        in.is_v = is_v;
+        in.outlier_percent = options.outlier_percent;
+        in.n = static_cast<int64_t>(x.size()) / (heads * dim);
+        in.kv_heads = heads;
+        in.head_dim = dim;
+        in.x = x.data();
+        in.k_offset = &c->k_offset[l * per_layer];
+        in.k_scale = &c->k_scale[l * per_layer];
+        if (!options.fisher_path.empty()) {
+          in.element_weight = (is_v ? fisher.v : fisher.k)[static_cast<size_t>(l)].data();
+        } else if (!is_v && options.weights == "q2") {
+          in.channel_weight = key_weights.data();
+        }
+        in.qnorm = options.qnorm;
+        auto levels = FitNuqLevels(in);
+        if (!levels.ok()) {
+          return levels.status().WithContext("layer " + std::to_string(l) + (is_v ? " V" : " K"));
+        }
+        std::vector<float>& dst = is_v ? books.v : books.k;
+        dst.insert(dst.end(), levels->begin(), levels->end());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<CalibrateResult> CalibrateKv(LoadedModel& model, const std::string& text,
+                                      const CalibrateOptions& options) {
+  return CalibrateKvTokens(model, PerplexityTokens(model, text), options);
+}
+
+StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vector<int32_t>& tokens,
+                                            const CalibrateOptions& options) {
+  const KvShape shape = model.transformer->kv_shape();
+  KVQ_RETURN_IF_ERROR(
+      CheckCalibrateOptions(options, shape, model.transformer->config().max_position_embeddings));
   const int64_t available = static_cast<int64_t>(tokens.size()) / options.context;
   if (available == 0) {
     return Status::Error("calibrate: the text has " + std::to_string(tokens.size()) +
@@ -334,19 +408,8 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
   cache_options.num_threads = 1;
   KVQ_ASSIGN_OR_RETURN(auto inner, MakeKvCache(shape, cache_options));
   CaptureCache cache(std::move(inner), shape, options.context);
-  std::vector<float> logits;
-  const Tokenizer& tok = *model.tokenizer;
-  std::vector<int32_t> fed;  // [windows * context] the tokens as run
-  for (int64_t w = 0; w < windows; ++w) {
-    std::vector<int32_t> window(tokens.begin() + w * options.context,
-                                tokens.begin() + (w + 1) * options.context);
-    if (tok.add_bos() && tok.bos_id() >= 0) window[0] = tok.bos_id();
-    fed.insert(fed.end(), window.begin(), window.end());
-    KVQ_RETURN_IF_ERROR(cache.AddSequence(0));
-    const Status forward = transformer.Forward({{0, window, false}}, cache, &logits);
-    cache.ReleaseSequence(0);
-    KVQ_RETURN_IF_ERROR(forward);
-  }
+  KVQ_ASSIGN_OR_RETURN(const std::vector<int32_t> fed,
+                       CaptureWindows(model, tokens, windows, options.context, cache));
 
   CalibrateResult result;
   result.windows = windows;
@@ -364,12 +427,12 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
     c.fp8_k_scale.push_back(Fp8E4M3TensorScale(cache.k_amax()[static_cast<size_t>(l)]));
     c.fp8_v_scale.push_back(Fp8E4M3TensorScale(cache.v_amax()[static_cast<size_t>(l)]));
   }
-  std::vector<std::vector<float>> k_fisher, v_fisher;
+  FisherWeights fisher;
   if (!options.fisher_path.empty()) {
-    KVQ_ASSIGN_OR_RETURN(auto fisher, SafetensorsFile::Open(options.fisher_path));
-    KVQ_RETURN_IF_ERROR(CheckFisherTokens(*fisher, fed));
-    KVQ_ASSIGN_OR_RETURN(k_fisher, ReadFisher(*fisher, "k", cache.k(), shape));
-    KVQ_ASSIGN_OR_RETURN(v_fisher, ReadFisher(*fisher, "v", cache.v(), shape));
+    KVQ_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(options.fisher_path));
+    KVQ_RETURN_IF_ERROR(CheckFisherTokens(*file, fed));
+    KVQ_ASSIGN_OR_RETURN(fisher.k, ReadFisher(*file, "k", cache.k(), shape));
+    KVQ_ASSIGN_OR_RETURN(fisher.v, ReadFisher(*file, "v", cache.v(), shape));
   }
   const int64_t heads = shape.num_kv_heads, dim = shape.head_dim;
   const size_t per_layer = static_cast<size_t>(heads * dim);
@@ -381,37 +444,7 @@ StatusOr<CalibrateResult> CalibrateKvTokens(LoadedModel& model, const std::vecto
     KeyChannelRanges(k.data(), rows, heads, dim, options.outlier_percent,
                      &c.k_offset[l * per_layer], &c.k_scale[l * per_layer]);
   }
-  for (int bits : options.bits) {
-    KvCalibration::Codebooks& books = c.codebooks[bits];
-    for (int64_t l = 0; l < shape.num_layers; ++l) {
-      const std::vector<float> key_weights = cache.KeyWeights(l);
-      for (bool is_v : {false, true}) {
-        const std::vector<float>& x = (is_v ? cache.v() : cache.k())[static_cast<size_t>(l)];
-        NuqFitInput in;
-        in.bits = bits;
-        in.is_v = is_v;
-        in.outlier_percent = options.outlier_percent;
-        in.n = static_cast<int64_t>(x.size()) / (heads * dim);
-        in.kv_heads = heads;
-        in.head_dim = dim;
-        in.x = x.data();
-        in.k_offset = &c.k_offset[l * per_layer];
-        in.k_scale = &c.k_scale[l * per_layer];
-        if (!options.fisher_path.empty()) {
-          in.element_weight = (is_v ? v_fisher : k_fisher)[static_cast<size_t>(l)].data();
-        } else if (!is_v && options.weights == "q2") {
-          in.channel_weight = key_weights.data();
-        }
-        in.qnorm = options.qnorm;
-        auto levels = FitNuqLevels(in);
-        if (!levels.ok()) {
-          return levels.status().WithContext("layer " + std::to_string(l) + (is_v ? " V" : " K"));
-        }
-        std::vector<float>& dst = is_v ? books.v : books.k;
-        dst.insert(dst.end(), levels->begin(), levels->end());
-      }
-    }
-  }
+  KVQ_RETURN_IF_ERROR(FitCodebooks(cache, shape, options, fisher, &c));
   // OSCAR's rotations need a power-of-two head_dim (the Hadamard factor);
   // other models get a file without them (the NUQ part still works).
   const bool power_of_two = dim >= 2 && dim <= 256 && (dim & (dim - 1)) == 0;

@@ -288,6 +288,104 @@ Status ReadTokenizerConfig(std::string_view text, const std::string& name,
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) { return ReadTextFile(path); }
 
+// model.vocab and added_tokens into spec.tokens and spec.token_types (added
+// tokens override: they are matched as literal text before BPE). Ids may
+// have holes; they are bounded by the entry count so a hostile file cannot
+// make us allocate gigabytes.
+Status ReadHfTokens(const json& vocab, const json* added, const std::string& name,
+                    TokenizerSpec& spec) {
+  const size_t n_added = added != nullptr ? added->size() : 0;
+  const int64_t max_id = 2 * static_cast<int64_t>(vocab.size() + n_added) + 1024;
+  auto check_id = [&](const json& id, const std::string& what) -> StatusOr<int32_t> {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > max_id) {
+      return Status::Error(name + ": " + what + " has id " + id.dump() +
+                           ", expected an integer in [0, " + std::to_string(max_id) + "]");
+    }
+    return static_cast<int32_t>(id.get<int64_t>());
+  };
+  std::vector<std::pair<int32_t, std::string>> entries;
+  entries.reserve(vocab.size());
+  int32_t top = -1;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    KVQ_ASSIGN_OR_RETURN(int32_t id, check_id(it.value(), "vocab entry '" + it.key() + "'"));
+    entries.emplace_back(id, it.key());
+    top = std::max(top, id);
+  }
+  struct Added {
+    int32_t id;
+    std::string content;
+    bool special;
+  };
+  std::vector<Added> added_tokens;
+  for (size_t i = 0; i < n_added; ++i) {
+    const json& t = (*added)[i];
+    const std::string where = "added_tokens[" + std::to_string(i) + "]";
+    if (!t.is_object() || !t.contains("id") || !t.contains("content") ||
+        !t["content"].is_string()) {
+      return Status::Error(name + ": " + where + " needs an integer 'id' and a string 'content'");
+    }
+    KVQ_ASSIGN_OR_RETURN(int32_t id, check_id(t["id"], where));
+    const json special = t.value("special", json(false));
+    added_tokens.push_back(
+        {id, t["content"].get<std::string>(), special.is_boolean() && special.get<bool>()});
+    top = std::max(top, id);
+  }
+  spec.tokens.assign(static_cast<size_t>(top + 1), std::string());
+  spec.token_types.assign(static_cast<size_t>(top + 1), kTokenUndefined);
+  for (auto& [id, piece] : entries) {
+    spec.tokens[id] = std::move(piece);
+    spec.token_types[id] = kTokenNormal;
+  }
+  for (auto& a : added_tokens) {
+    spec.tokens[a.id] = std::move(a.content);
+    spec.token_types[a.id] = a.special ? kTokenControl : kTokenUserDefined;
+  }
+  return Status::Ok();
+}
+
+// model.merges, as "a b" strings or as ["a", "b"] pairs.
+Status ReadHfMerges(const json& merges, const std::string& name, TokenizerSpec& spec) {
+  spec.merges.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const json& m = merges[i];
+    if (m.is_string()) {
+      spec.merges.push_back(m.get<std::string>());
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      // Newer tokenizers write merges as pairs; both parts are byte-level
+      // spellings, which never contain a space, so "a b" is unambiguous.
+      const std::string a = m[0].get<std::string>(), b = m[1].get<std::string>();
+      if (a.empty() || a.find(' ') != std::string::npos || b.find(' ') != std::string::npos) {
+        return Status::Error(name + ": merge " + std::to_string(i) + " " + m.dump() +
+                             " contains a space or an empty part");
+      }
+      spec.merges.push_back(a + " " + b);
+    } else {
+      return Status::Error(name + ": merge " + std::to_string(i) +
+                           " is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+  }
+  return Status::Ok();
+}
+
+// BOS from the post-processor's template and the special tokens of
+// tokenizer_config.json, both named by content.
+Status ReadHfSpecialTokens(const json& doc, std::string_view config_json, TokenizerSpec& spec) {
+  std::unordered_map<std::string, int32_t> ids;
+  for (size_t i = 0; i < spec.tokens.size(); ++i) {
+    if (spec.token_types[i] != kTokenUndefined)
+      ids.emplace(spec.tokens[i], static_cast<int32_t>(i));
+  }
+  if (auto post = doc.find("post_processor"); post != doc.end()) {
+    const std::string bos = TemplateBosToken(*post, 0);
+    if (auto it = ids.find(bos); !bos.empty() && it != ids.end()) {
+      spec.add_bos = true;
+      spec.bos_id = it->second;
+    }
+  }
+  if (config_json.empty()) return Status::Ok();
+  return ReadTokenizerConfig(config_json, "tokenizer_config.json", ids, spec);
+}
+
 }  // namespace
 
 StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& gguf) {
@@ -376,77 +474,9 @@ StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer_json,
   if (auto im = model->find("ignore_merges"); im != model->end() && im->is_boolean()) {
     spec.ignore_merges = im->get<bool>();
   }
-
-  // Ids may have holes; bound them by the entry count so a hostile file
-  // cannot make us allocate gigabytes.
-  const size_t n_added = (added != doc.end() && added->is_array()) ? added->size() : 0;
-  const int64_t max_id = 2 * static_cast<int64_t>(vocab->size() + n_added) + 1024;
-  auto check_id = [&](const json& id, const std::string& what) -> StatusOr<int32_t> {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > max_id) {
-      return Status::Error(name + ": " + what + " has id " + id.dump() +
-                           ", expected an integer in [0, " + std::to_string(max_id) + "]");
-    }
-    return static_cast<int32_t>(id.get<int64_t>());
-  };
-  std::vector<std::pair<int32_t, std::string>> entries;
-  entries.reserve(vocab->size());
-  int32_t top = -1;
-  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
-    KVQ_ASSIGN_OR_RETURN(int32_t id, check_id(it.value(), "vocab entry '" + it.key() + "'"));
-    entries.emplace_back(id, it.key());
-    top = std::max(top, id);
-  }
-  struct Added {
-    int32_t id;
-    std::string content;
-    bool special;
-  };
-  std::vector<Added> added_tokens;
-  for (size_t i = 0; i < n_added; ++i) {
-    const json& t = (*added)[i];
-    const std::string where = "added_tokens[" + std::to_string(i) + "]";
-    if (!t.is_object() || !t.contains("id") || !t.contains("content") ||
-        !t["content"].is_string()) {
-      return Status::Error(name + ": " + where + " needs an integer 'id' and a string 'content'");
-    }
-    KVQ_ASSIGN_OR_RETURN(int32_t id, check_id(t["id"], where));
-    const json special = t.value("special", json(false));
-    added_tokens.push_back(
-        {id, t["content"].get<std::string>(), special.is_boolean() && special.get<bool>()});
-    top = std::max(top, id);
-  }
-  spec.tokens.assign(static_cast<size_t>(top + 1), std::string());
-  spec.token_types.assign(static_cast<size_t>(top + 1), kTokenUndefined);
-  for (auto& [id, piece] : entries) {
-    spec.tokens[id] = std::move(piece);
-    spec.token_types[id] = kTokenNormal;
-  }
-  // Added tokens override: they are matched as literal text before BPE.
-  for (auto& a : added_tokens) {
-    spec.tokens[a.id] = std::move(a.content);
-    spec.token_types[a.id] = a.special ? kTokenControl : kTokenUserDefined;
-  }
-
-  spec.merges.reserve(merges->size());
-  for (size_t i = 0; i < merges->size(); ++i) {
-    const json& m = (*merges)[i];
-    if (m.is_string()) {
-      spec.merges.push_back(m.get<std::string>());
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      // Newer tokenizers write merges as pairs; both parts are byte-level
-      // spellings, which never contain a space, so "a b" is unambiguous.
-      const std::string a = m[0].get<std::string>(), b = m[1].get<std::string>();
-      if (a.empty() || a.find(' ') != std::string::npos || b.find(' ') != std::string::npos) {
-        return Status::Error(name + ": merge " + std::to_string(i) + " " + m.dump() +
-                             " contains a space or an empty part");
-      }
-      spec.merges.push_back(a + " " + b);
-    } else {
-      return Status::Error(name + ": merge " + std::to_string(i) +
-                           " is neither \"a b\" nor [\"a\", \"b\"]");
-    }
-  }
-
+  const json* added_array = (added != doc.end() && added->is_array()) ? &*added : nullptr;
+  KVQ_RETURN_IF_ERROR(ReadHfTokens(*vocab, added_array, name, spec));
+  KVQ_RETURN_IF_ERROR(ReadHfMerges(*merges, name, spec));
   if (auto norm = doc.find("normalizer"); norm != doc.end()) {
     KVQ_RETURN_IF_ERROR(CheckNormalizer(*norm, "normalizer").WithContext(name));
   }
@@ -454,23 +484,7 @@ StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer_json,
     KVQ_RETURN_IF_ERROR(
         ReadPreTokenizer(*pre, "pre_tokenizer", 0, spec.split_patterns).WithContext(name));
   }
-
-  // Special tokens are named by content (post-processor, tokenizer_config.json).
-  std::unordered_map<std::string, int32_t> ids;
-  for (size_t i = 0; i < spec.tokens.size(); ++i) {
-    if (spec.token_types[i] != kTokenUndefined)
-      ids.emplace(spec.tokens[i], static_cast<int32_t>(i));
-  }
-  if (auto post = doc.find("post_processor"); post != doc.end()) {
-    const std::string bos = TemplateBosToken(*post, 0);
-    if (auto it = ids.find(bos); !bos.empty() && it != ids.end()) {
-      spec.add_bos = true;
-      spec.bos_id = it->second;
-    }
-  }
-  if (!config_json.empty()) {
-    KVQ_RETURN_IF_ERROR(ReadTokenizerConfig(config_json, "tokenizer_config.json", ids, spec));
-  }
+  KVQ_RETURN_IF_ERROR(ReadHfSpecialTokens(doc, config_json, spec));
   return spec;
 }
 

@@ -420,14 +420,8 @@ int RunStudyCommand(const StudyFlags& flags) {
   return 0;
 }
 
-}  // namespace
-
-void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
-  auto flags = std::make_shared<StudyFlags>();
-  CLI::App* cmd =
-      app.add_subcommand("study",
-                         "Which KV-cache scheme can this model afford? Outliers, fake-quant error, "
-                         "perplexity/KL/recall per scheme, bytes; table + JSON (+ HTML report)");
+// The stages every study runs: what to study, the windows, recall, outputs.
+void AddCoreStudyOptions(CLI::App* cmd, StudyFlags* flags) {
   cmd->footer(
       "Stages: (1) capture q, K pre/post RoPE, V of the first --capture tokens (f32 cache);\n"
       "(2) per-channel mean |x| and outlier channels (> 4x the head's median), attention-sink\n"
@@ -509,6 +503,10 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--no-core", flags->no_core,
                 "Skip capture, outliers, fake quantization and end to end (only the stages "
                 "asked for with --niah/--gsm8k-problems/--context-kl/--full)");
+}
+
+// The long, resumable stages: needle in a haystack, GSM8K, KL by context length.
+void AddLongStageOptions(CLI::App* cmd, StudyFlags* flags) {
   cmd->add_option("--results-dir", flags->results_dir,
                   "Where the needle, GSM8K and context-KL results are appended (default "
                   "kvq-study-results/<model>); rerun with the same one to resume. Given (or "
@@ -566,6 +564,18 @@ void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
                   "Scored positions per context-KL length (default 2048; windows of L score L/2-1 "
                   "each)")
       ->check(CLI::PositiveNumber);
+}
+
+}  // namespace
+
+void RegisterStudyCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<StudyFlags>();
+  CLI::App* cmd =
+      app.add_subcommand("study",
+                         "Which KV-cache scheme can this model afford? Outliers, fake-quant error, "
+                         "perplexity/KL/recall per scheme, bytes; table + JSON (+ HTML report)");
+  AddCoreStudyOptions(cmd, flags.get());
+  AddLongStageOptions(cmd, flags.get());
   cmd->callback([flags, &ctx] { ctx.exit_code = RunStudyCommand(*flags); });
 }
 

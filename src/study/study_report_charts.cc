@@ -117,14 +117,16 @@ using study_report::Tooltip;
 
 // ---- 1. outlier heatmap --------------------------------------------------
 
-StatusOr<MaybeChart> OutlierHeatmap(const json& study) {
-  KVQ_ASSIGN_OR_RETURN(const json* outliers, ObjectMember(study, "outliers", ""));
-  if (outliers == nullptr) return MaybeChart();
-  KVQ_ASSIGN_OR_RETURN(const json* layers, ArrayMember(*outliers, "layers", "outliers"));
-  if (layers == nullptr || layers->empty()) return MaybeChart();
-  KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> capture_tokens,
-                       IntMember(*outliers, "capture_tokens", "outliers"));
+// The heatmap's rows: one per (tensor, layer, KV head, channel), with the
+// orders its axes and panels keep.
+struct OutlierRows {
+  json values = json::array();
+  json row_order = json::array();     // "L<layer> H<head>", first seen first
+  json tensor_order = json::array();  // panel labels
+  size_t max_channels = 0;
+};
 
+StatusOr<OutlierRows> ReadOutlierRows(const json& layers) {
   struct Tensor {
     const char* key;
     const char* label;
@@ -132,19 +134,16 @@ StatusOr<MaybeChart> OutlierHeatmap(const json& study) {
   const Tensor tensors[] = {{"k_pre_rope_channel_mean_abs", "K pre-RoPE"},
                             {"k_post_rope_channel_mean_abs", "K post-RoPE"},
                             {"v_channel_mean_abs", "V"}};
-  json values = json::array();  // one row per (tensor, layer, KV head, channel)
-  json row_order = json::array();
-  json tensor_order = json::array();
-  size_t max_channels = 0;
-  for (size_t i = 0; i < layers->size(); ++i) {
+  OutlierRows rows;
+  for (size_t i = 0; i < layers.size(); ++i) {
     const std::string path = Index("outliers.layers", i);
-    const json& layer = (*layers)[i];
+    const json& layer = layers[i];
     KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> layer_index, IntMember(layer, "layer", path));
     const int64_t l = layer_index.value_or(static_cast<int64_t>(i));
     for (const Tensor& tensor : tensors) {
       KVQ_ASSIGN_OR_RETURN(const json* heads, ArrayMember(layer, tensor.key, path));
       if (heads == nullptr) continue;
-      AppendOnce(tensor_order, tensor.label);
+      AppendOnce(rows.tensor_order, tensor.label);
       for (size_t h = 0; h < heads->size(); ++h) {
         const std::string head_path = Index(Join(path, tensor.key), h);
         const json& channels = (*heads)[h];  // [head_dim]
@@ -152,50 +151,68 @@ StatusOr<MaybeChart> OutlierHeatmap(const json& study) {
           return Status::Error(head_path + ": expected an array of per-channel values");
         }
         const std::string row = "L" + std::to_string(l) + " H" + std::to_string(h);
-        AppendOnce(row_order, row);
-        max_channels = std::max(max_channels, channels.size());
+        AppendOnce(rows.row_order, row);
+        rows.max_channels = std::max(rows.max_channels, channels.size());
         for (size_t c = 0; c < channels.size(); ++c) {
           KVQ_ASSIGN_OR_RETURN(std::optional<double> v, AsNumber(channels[c], Index(head_path, c)));
-          values.push_back(
+          rows.values.push_back(
               {{"tensor", tensor.label}, {"row", row}, {"channel", c}, {"value", NumberOrNull(v)}});
         }
       }
     }
   }
-  if (values.empty()) return MaybeChart();
+  return rows;
+}
 
+json OutlierHeatmapSpec(OutlierRows rows) {
   json channel_ticks = json::array();  // a label every 8 (or 16) channels
-  const size_t tick_step = max_channels > 64 ? 16 : 8;
-  for (size_t c = 0; c < max_channels; c += tick_step) channel_ticks.push_back(c);
-  const int height = static_cast<int>(std::clamp<size_t>(row_order.size() * 14, 60, 720));
+  const size_t tick_step = rows.max_channels > 64 ? 16 : 8;
+  for (size_t c = 0; c < rows.max_channels; c += tick_step) channel_ticks.push_back(c);
+  const int height = static_cast<int>(std::clamp<size_t>(rows.row_order.size() * 14, 60, 720));
 
   json spec = BaseSpec();
-  spec["data"] = {{"values", values}};
-  spec["facet"] = {
-      {"column",
-       {{"field", "tensor"}, {"type", "nominal"}, {"sort", tensor_order}, {"title", nullptr}}}};
-  spec["spec"] = {
-      {"width", 300},
-      {"height", height},
-      {"mark", "rect"},
-      {"encoding",
-       {{"x",
-         {{"field", "channel"},
-          {"type", "ordinal"},
-          {"title", "channel"},
-          {"axis", {{"values", channel_ticks}, {"labelAngle", 0}}}}},
-        {"y",
-         {{"field", "row"}, {"type", "ordinal"}, {"sort", row_order}, {"title", "layer, KV head"}}},
-        {"color",
-         {{"field", "value"},
-          {"type", "quantitative"},
-          {"title", "mean |x|"},
-          {"scale", {{"scheme", "viridis"}, {"zero", true}}}}},
-        {"tooltip", Tooltip({{"tensor", "nominal"},
-                             {"row", "nominal"},
-                             {"channel", "ordinal"},
-                             {"value", "quantitative"}})}}}};
+  spec["data"] = {{"values", std::move(rows.values)}};
+  spec["facet"] = {{"column",
+                    {{"field", "tensor"},
+                     {"type", "nominal"},
+                     {"sort", rows.tensor_order},
+                     {"title", nullptr}}}};
+  spec["spec"] = {{"width", 300},
+                  {"height", height},
+                  {"mark", "rect"},
+                  {"encoding",
+                   {{"x",
+                     {{"field", "channel"},
+                      {"type", "ordinal"},
+                      {"title", "channel"},
+                      {"axis", {{"values", channel_ticks}, {"labelAngle", 0}}}}},
+                    {"y",
+                     {{"field", "row"},
+                      {"type", "ordinal"},
+                      {"sort", rows.row_order},
+                      {"title", "layer, KV head"}}},
+                    {"color",
+                     {{"field", "value"},
+                      {"type", "quantitative"},
+                      {"title", "mean |x|"},
+                      {"scale", {{"scheme", "viridis"}, {"zero", true}}}}},
+                    {"tooltip", Tooltip({{"tensor", "nominal"},
+                                         {"row", "nominal"},
+                                         {"channel", "ordinal"},
+                                         {"value", "quantitative"}})}}}};
   spec["resolve"] = {{"scale", {{"color", "independent"}}}};
+  return spec;
+}
+
+StatusOr<MaybeChart> OutlierHeatmap(const json& study) {
+  KVQ_ASSIGN_OR_RETURN(const json* outliers, ObjectMember(study, "outliers", ""));
+  if (outliers == nullptr) return MaybeChart();
+  KVQ_ASSIGN_OR_RETURN(const json* layers, ArrayMember(*outliers, "layers", "outliers"));
+  if (layers == nullptr || layers->empty()) return MaybeChart();
+  KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> capture_tokens,
+                       IntMember(*outliers, "capture_tokens", "outliers"));
+  KVQ_ASSIGN_OR_RETURN(OutlierRows rows, ReadOutlierRows(*layers));
+  if (rows.values.empty()) return MaybeChart();
 
   std::string caption =
       "Each row is one (layer, KV head) and each column one channel of the head; the colour is the "
@@ -210,7 +227,7 @@ StatusOr<MaybeChart> OutlierHeatmap(const json& study) {
       "stripes there would argue against quantizing V per token.";
   return MaybeChart(StudyChart{"outlier-heatmap",
                                "Outlier channels: K before and after RoPE, and V", caption,
-                               std::move(spec)});
+                               OutlierHeatmapSpec(std::move(rows))});
 }
 
 // ---- 2. fake-quant errors -------------------------------------------------

@@ -100,55 +100,54 @@ StatusOr<MaybeChart> KBiasChart(const json& study) {
   return MaybeChart(StudyChart{"k-bias", "k_proj bias norm per layer", caption, std::move(spec)});
 }
 
-StatusOr<MaybeChart> SinkChart(const json& study) {
-  KVQ_ASSIGN_OR_RETURN(const json* layers, OutlierLayers(study));
-  if (layers == nullptr) return MaybeChart();
-  json values = json::array();
-  int64_t other_sinks = 0;
-  for (size_t i = 0; i < layers->size(); ++i) {
-    const std::string path = Index("outliers.layers", i);
-    const json& layer = (*layers)[i];
-    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> index, IntMember(layer, "layer", path));
-    const int64_t l = index.value_or(static_cast<int64_t>(i));
-    KVQ_ASSIGN_OR_RETURN(const json* heads, ArrayMember(layer, "sink_mass_per_head", path));
-    KVQ_ASSIGN_OR_RETURN(const json* sinks, ArrayMember(layer, "sinks", path));
-    if (heads == nullptr) continue;
-    std::vector<std::optional<double>> other(heads->size());
-    std::vector<std::string> other_label(heads->size());
-    for (size_t s = 0; sinks != nullptr && s < sinks->size(); ++s) {
-      const std::string spath = Index(Join(path, "sinks"), s);
-      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> head, IntMember((*sinks)[s], "head", spath));
-      KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> pos, IntMember((*sinks)[s], "position", spath));
-      KVQ_ASSIGN_OR_RETURN(std::optional<double> mass, NumberMember((*sinks)[s], "mass", spath));
-      KVQ_ASSIGN_OR_RETURN(std::string text, StringMember((*sinks)[s], "token_text", spath));
-      if (!head || !pos || !mass || *pos == 0 || *head < 0 ||
-          static_cast<size_t>(*head) >= other.size()) {
-        continue;
-      }
-      ++other_sinks;
-      if (!other[*head] || *mass > *other[*head]) {
-        other[*head] = mass;
-        other_label[*head] = "token " + std::to_string(*pos) + " " + text;
-      }
+// One layer's cells: per query head, token 0's mass and the strongest other
+// sink's (0 and "none" where the layer has none for that head). Counts the
+// other sinks into *other_sinks.
+Status AppendSinkCells(const json& layer, size_t i, json* values, int64_t* other_sinks) {
+  const std::string path = Index("outliers.layers", i);
+  KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> index, IntMember(layer, "layer", path));
+  const int64_t l = index.value_or(static_cast<int64_t>(i));
+  KVQ_ASSIGN_OR_RETURN(const json* heads, ArrayMember(layer, "sink_mass_per_head", path));
+  KVQ_ASSIGN_OR_RETURN(const json* sinks, ArrayMember(layer, "sinks", path));
+  if (heads == nullptr) return Status::Ok();
+  std::vector<std::optional<double>> other(heads->size());
+  std::vector<std::string> other_label(heads->size());
+  for (size_t s = 0; sinks != nullptr && s < sinks->size(); ++s) {
+    const std::string spath = Index(Join(path, "sinks"), s);
+    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> head, IntMember((*sinks)[s], "head", spath));
+    KVQ_ASSIGN_OR_RETURN(std::optional<int64_t> pos, IntMember((*sinks)[s], "position", spath));
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> mass, NumberMember((*sinks)[s], "mass", spath));
+    KVQ_ASSIGN_OR_RETURN(std::string text, StringMember((*sinks)[s], "token_text", spath));
+    if (!head || !pos || !mass || *pos == 0 || *head < 0 ||
+        static_cast<size_t>(*head) >= other.size()) {
+      continue;
     }
-    for (size_t h = 0; h < heads->size(); ++h) {
-      KVQ_ASSIGN_OR_RETURN(std::optional<double> m0,
-                           AsNumber((*heads)[h], Index(Join(path, "sink_mass_per_head"), h)));
-      values.push_back({{"layer", l},
-                        {"head", h},
-                        {"kind", "token 0"},
-                        {"mass", NumberOrNull(m0)},
-                        {"sink", "token 0"}});
-      values.push_back({{"layer", l},
-                        {"head", h},
-                        {"kind", "strongest other sink"},
-                        {"mass", other[h] ? json(*other[h]) : json(0.0)},
-                        {"sink", other[h] ? other_label[h] : "none"}});
+    ++*other_sinks;
+    if (!other[*head] || *mass > *other[*head]) {
+      other[*head] = mass;
+      other_label[*head] = "token " + std::to_string(*pos) + " " + text;
     }
   }
-  if (values.empty()) return MaybeChart();
+  for (size_t h = 0; h < heads->size(); ++h) {
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> m0,
+                         AsNumber((*heads)[h], Index(Join(path, "sink_mass_per_head"), h)));
+    values->push_back({{"layer", l},
+                       {"head", h},
+                       {"kind", "token 0"},
+                       {"mass", NumberOrNull(m0)},
+                       {"sink", "token 0"}});
+    values->push_back({{"layer", l},
+                       {"head", h},
+                       {"kind", "strongest other sink"},
+                       {"mass", other[h] ? json(*other[h]) : json(0.0)},
+                       {"sink", other[h] ? other_label[h] : "none"}});
+  }
+  return Status::Ok();
+}
+
+json SinkSpec(json values) {
   json spec = BaseSpec();
-  spec["data"] = {{"values", values}};
+  spec["data"] = {{"values", std::move(values)}};
   spec["facet"] = {{"column",
                     {{"field", "kind"},
                      {"type", "nominal"},
@@ -170,6 +169,18 @@ StatusOr<MaybeChart> SinkChart(const json& study) {
                                          {"kind", "nominal"},
                                          {"sink", "nominal"},
                                          {"mass", "quantitative"}})}}}};
+  return spec;
+}
+
+StatusOr<MaybeChart> SinkChart(const json& study) {
+  KVQ_ASSIGN_OR_RETURN(const json* layers, OutlierLayers(study));
+  if (layers == nullptr) return MaybeChart();
+  json values = json::array();
+  int64_t other_sinks = 0;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    KVQ_RETURN_IF_ERROR(AppendSinkCells((*layers)[i], i, &values, &other_sinks));
+  }
+  if (values.empty()) return MaybeChart();
   KVQ_ASSIGN_OR_RETURN(const json* outliers, ObjectMember(study, "outliers", ""));
   KVQ_ASSIGN_OR_RETURN(std::string rule,
                        StringMember(*outliers, "sink_detection_rule", "outliers"));
@@ -181,8 +192,8 @@ StatusOr<MaybeChart> SinkChart(const json& study) {
       "in full precision. " +
       std::to_string(other_sinks) + " (head, token) sinks besides token 0 on this capture.";
   if (!rule.empty()) caption += " Rule: " + rule + ".";
-  return MaybeChart(
-      StudyChart{"sinks", "Attention sinks per layer and head", caption, std::move(spec)});
+  return MaybeChart(StudyChart{"sinks", "Attention sinks per layer and head", caption,
+                               SinkSpec(std::move(values))});
 }
 
 StatusOr<MaybeChart> TensorStatsChart(const json& study) {

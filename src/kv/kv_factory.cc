@@ -12,11 +12,10 @@
 namespace kvq {
 
 namespace {
-size_t RoundUpTo64(size_t bytes) { return (bytes + 63) / 64 * 64; }
-}  // namespace
 
-// The block layout is described at KvLayout (kv_factory.h).
-StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& options) {
+size_t RoundUpTo64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+Status CheckLayoutInputs(const KvShape& shape, const KvCacheOptions& options) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.num_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0) {
     return Status::Error("KV cache: invalid model shape");
@@ -26,72 +25,103 @@ StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& o
                          " tokens outside [1, 4096]");
   }
   if (options.max_tokens <= 0) return Status::Error("KV cache: max_tokens must be positive");
+  return Status::Ok();
+}
+
+// What the layers' codecs ask of the whole layout.
+struct LayoutNeeds {
+  int64_t tile_multiple = 1;  // block tokens must be a multiple (per-channel groups)
+  size_t side_per_head = 0;   // codec side data, per KV head
+  bool any_pre_rope = false;  // some layer stores K before RoPE
+};
+
+// One layer's codecs: their row bytes and f16 staging into `layout`, what
+// they need of the blocks into `needs`; an error for a K stored before RoPE
+// that cannot be (rotated, or without the model's RoPE parameters).
+Status AddLayer(const KvShape& shape, const KvCacheOptions& options, const KvLayerSpec& spec,
+                int64_t l, KvLayout* layout, LayoutNeeds* needs) {
+  const std::string where = options.policy.empty() ? "" : " (layer " + std::to_string(l) + ")";
+  auto k_codec = spec.k.Make(shape.head_dim);
+  if (!k_codec.ok()) return k_codec.status().WithContext("K" + where);
+  auto v_codec = spec.v.Make(shape.head_dim);
+  if (!v_codec.ok()) return v_codec.status().WithContext("V" + where);
+  const KvStreaming& ks = (*k_codec)->streaming();
+  const KvStreaming& vs = (*v_codec)->streaming();
+  if (ks.pre_rope && options.rotate) {
+    return Status::Error("KV cache type '" + spec.k.Name() +
+                         "': --kv-rotate does not compose with K stored before RoPE");
+  }
+  if (ks.pre_rope && (*k_codec)->RotationBlock(/*is_v=*/false) > 0) {
+    return Status::Error("KV cache type '" + spec.k.Name() +
+                         "': llama.cpp's rotation applies to K after RoPE; store K before "
+                         "RoPE without it (-norot, e.g. q4_0-norot-prerope)");
+  }
+  if (ks.pre_rope && static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
+    return Status::Error("KV cache type '" + spec.k.Name() +
+                         "': storing K before RoPE needs the model's RoPE parameters");
+  }
+  needs->any_pre_rope = needs->any_pre_rope || ks.pre_rope;
+  needs->tile_multiple = std::lcm(needs->tile_multiple, std::lcm(ks.tile_tokens, vs.tile_tokens));
+  KvLayerLayout& layer = layout->layers[static_cast<size_t>(l)];
+  layer.k_row_bytes = (*k_codec)->RowBytes();
+  layer.v_row_bytes = (*v_codec)->RowBytes();
+  needs->side_per_head += (*k_codec)->SideBytes() + (*v_codec)->SideBytes();
+  const size_t staging_row = static_cast<size_t>(shape.head_dim) * 2;  // one f16 row
+  const int64_t staged = ks.ResidualCapacity() + ks.sink_tokens + ks.detect_sinks +
+                         vs.ResidualCapacity() + vs.sink_tokens + vs.detect_sinks;
+  layout->staging_bytes +=
+      static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(staged) * staging_row;
+  return Status::Ok();
+}
+
+// Block size (rounded up to the codecs' tiles), each layer's tiles and
+// offset in a block, and the per-cache side data.
+Status PlaceLayers(const KvShape& shape, const KvCacheOptions& options, const LayoutNeeds& needs,
+                   KvLayout* layout) {
+  const int64_t tile = needs.tile_multiple;
+  layout->block_tokens = (options.block_tokens + tile - 1) / tile * tile;
+  if (layout->block_tokens > 4096) {
+    return Status::Error("KV cache: per-channel groups need blocks of " +
+                         std::to_string(layout->block_tokens) + " tokens (more than 4096)");
+  }
+  const size_t tokens = static_cast<size_t>(layout->block_tokens);
+  size_t offset = 0;
+  for (KvLayerLayout& layer : layout->layers) {
+    layer.k_tile_bytes = RoundUpTo64(tokens * layer.k_row_bytes);
+    layer.v_tile_bytes = RoundUpTo64(tokens * layer.v_row_bytes);
+    layer.offset = offset;
+    offset += static_cast<size_t>(shape.num_kv_heads) * (layer.k_tile_bytes + layer.v_tile_bytes);
+  }
+  layout->k_row_bytes = layout->layers[0].k_row_bytes;
+  layout->v_row_bytes = layout->layers[0].v_row_bytes;
+  layout->k_tile_bytes = layout->layers[0].k_tile_bytes;
+  layout->v_tile_bytes = layout->layers[0].v_tile_bytes;
+  layout->block_bytes = offset;
+  layout->codec_side_bytes = static_cast<size_t>(shape.num_kv_heads) * needs.side_per_head;
+  layout->rope_table_head_dim = needs.any_pre_rope ? shape.head_dim : 0;
+  layout->side_bytes = layout->SideBytesFor(options.max_tokens);
+  layout->staging_blocks =
+      static_cast<int64_t>((layout->staging_bytes + layout->block_bytes - 1) / layout->block_bytes);
+  return Status::Ok();
+}
+
+}  // namespace
+
+// The block layout is described at KvLayout (kv_factory.h).
+StatusOr<KvLayout> ComputeKvLayout(const KvShape& shape, const KvCacheOptions& options) {
+  KVQ_RETURN_IF_ERROR(CheckLayoutInputs(shape, options));
   KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layer_specs,
                        ResolveKvLayerSpecs(options, shape.num_layers));
   KvLayout layout;
   layout.num_layers = shape.num_layers;
   layout.num_kv_heads = shape.num_kv_heads;
   layout.layers.resize(static_cast<size_t>(shape.num_layers));
-  int64_t tile_multiple = 1;
-  size_t side_per_head = 0;
-  bool any_pre_rope = false;
-  const size_t staging_row = static_cast<size_t>(shape.head_dim) * 2;  // one f16 row
+  LayoutNeeds needs;
   for (int64_t l = 0; l < shape.num_layers; ++l) {
-    const KvLayerSpec& spec = layer_specs[static_cast<size_t>(l)];
-    const std::string where = options.policy.empty() ? "" : " (layer " + std::to_string(l) + ")";
-    auto k_codec = spec.k.Make(shape.head_dim);
-    if (!k_codec.ok()) return k_codec.status().WithContext("K" + where);
-    auto v_codec = spec.v.Make(shape.head_dim);
-    if (!v_codec.ok()) return v_codec.status().WithContext("V" + where);
-    const KvStreaming& ks = (*k_codec)->streaming();
-    const KvStreaming& vs = (*v_codec)->streaming();
-    if (ks.pre_rope && options.rotate) {
-      return Status::Error("KV cache type '" + spec.k.Name() +
-                           "': --kv-rotate does not compose with K stored before RoPE");
-    }
-    if (ks.pre_rope && (*k_codec)->RotationBlock(/*is_v=*/false) > 0) {
-      return Status::Error("KV cache type '" + spec.k.Name() +
-                           "': llama.cpp's rotation applies to K after RoPE; store K before "
-                           "RoPE without it (-norot, e.g. q4_0-norot-prerope)");
-    }
-    if (ks.pre_rope && static_cast<int64_t>(shape.rope_inv_freq.size()) * 2 != shape.head_dim) {
-      return Status::Error("KV cache type '" + spec.k.Name() +
-                           "': storing K before RoPE needs the model's RoPE parameters");
-    }
-    any_pre_rope = any_pre_rope || ks.pre_rope;
-    tile_multiple = std::lcm(tile_multiple, std::lcm(ks.tile_tokens, vs.tile_tokens));
-    KvLayerLayout& layer = layout.layers[static_cast<size_t>(l)];
-    layer.k_row_bytes = (*k_codec)->RowBytes();
-    layer.v_row_bytes = (*v_codec)->RowBytes();
-    side_per_head += (*k_codec)->SideBytes() + (*v_codec)->SideBytes();
-    const int64_t staged = ks.ResidualCapacity() + ks.sink_tokens + ks.detect_sinks +
-                           vs.ResidualCapacity() + vs.sink_tokens + vs.detect_sinks;
-    layout.staging_bytes +=
-        static_cast<size_t>(shape.num_kv_heads) * static_cast<size_t>(staged) * staging_row;
+    KVQ_RETURN_IF_ERROR(
+        AddLayer(shape, options, layer_specs[static_cast<size_t>(l)], l, &layout, &needs));
   }
-  layout.block_tokens = (options.block_tokens + tile_multiple - 1) / tile_multiple * tile_multiple;
-  if (layout.block_tokens > 4096) {
-    return Status::Error("KV cache: per-channel groups need blocks of " +
-                         std::to_string(layout.block_tokens) + " tokens (more than 4096)");
-  }
-  const size_t tokens = static_cast<size_t>(layout.block_tokens);
-  size_t offset = 0;
-  for (KvLayerLayout& layer : layout.layers) {
-    layer.k_tile_bytes = RoundUpTo64(tokens * layer.k_row_bytes);
-    layer.v_tile_bytes = RoundUpTo64(tokens * layer.v_row_bytes);
-    layer.offset = offset;
-    offset += static_cast<size_t>(shape.num_kv_heads) * (layer.k_tile_bytes + layer.v_tile_bytes);
-  }
-  layout.k_row_bytes = layout.layers[0].k_row_bytes;
-  layout.v_row_bytes = layout.layers[0].v_row_bytes;
-  layout.k_tile_bytes = layout.layers[0].k_tile_bytes;
-  layout.v_tile_bytes = layout.layers[0].v_tile_bytes;
-  layout.block_bytes = offset;
-  layout.codec_side_bytes = static_cast<size_t>(shape.num_kv_heads) * side_per_head;
-  layout.rope_table_head_dim = any_pre_rope ? shape.head_dim : 0;
-  layout.side_bytes = layout.SideBytesFor(options.max_tokens);
-  layout.staging_blocks =
-      static_cast<int64_t>((layout.staging_bytes + layout.block_bytes - 1) / layout.block_bytes);
+  KVQ_RETURN_IF_ERROR(PlaceLayers(shape, options, needs, &layout));
   size_t budget = options.memory_bytes;
   if (budget == 0) budget = layout.side_bytes + layout.SequenceBytes(options.max_tokens);
   const size_t smallest = layout.side_bytes + layout.SequenceBytes(1);

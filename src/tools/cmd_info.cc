@@ -88,15 +88,7 @@ Status InfoVocabOnly(const std::string& path) {
   return Status::Ok();
 }
 
-Status RunInfo(const std::string& path, const std::string& kv_type) {
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
-    KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
-    if (gguf->tensors().empty()) return InfoVocabOnly(path);
-  }
-  KVQ_ASSIGN_OR_RETURN(ModelFiles m, OpenModel(path));
-  const ModelConfig& c = m.config;
-  std::printf("model:        %s (%s)\n", path.c_str(), ModelFormatName(m.format));
-  if (m.gguf != nullptr) PrintGgufIdentity(*m.gguf);
+void PrintShapes(const ModelConfig& c) {
   std::printf("architecture: %s\n", ArchitectureName(c.arch));
   std::printf("layers:       %lld, hidden %lld, ffn %lld\n", (long long)c.num_layers,
               (long long)c.hidden_size, (long long)c.intermediate_size);
@@ -117,10 +109,13 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
   std::printf("vocab:        %lld, %s\n", (long long)c.vocab_size,
               c.tie_word_embeddings ? "tied embeddings" : "separate output matrix");
   std::printf("context:      %lld tokens (trained)\n", (long long)c.max_position_embeddings);
+}
 
+// Parameter count, tensors per dtype and their bytes.
+void PrintParameters(const std::vector<TensorRef>& tensors) {
   std::map<std::string, int> per_dtype;
   double bytes = 0;
-  for (const TensorRef& t : m.tensors) {
+  for (const TensorRef& t : tensors) {
     ++per_dtype[DTypeName(t.dtype)];
     bytes += static_cast<double>(t.nbytes);
   }
@@ -128,7 +123,7 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
   for (const auto& [name, n] : per_dtype) {
     dtypes += (dtypes.empty() ? "" : ", ") + name + " x" + std::to_string(n);
   }
-  const int64_t params = CountParameters(m.tensors);
+  const int64_t params = CountParameters(tensors);
   char count[32];
   if (params >= 1000000000)
     std::snprintf(count, sizeof(count), "%.2fB", params / 1e9);
@@ -136,9 +131,12 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
     std::snprintf(count, sizeof(count), "%.2fM", params / 1e6);
   else
     std::snprintf(count, sizeof(count), "%lld", (long long)params);
-  std::printf("parameters:   %s in %zu tensors (%s), %s\n", count, m.tensors.size(), dtypes.c_str(),
+  std::printf("parameters:   %s in %zu tensors (%s), %s\n", count, tensors.size(), dtypes.c_str(),
               Bytes(bytes).c_str());
+}
 
+// The f16 cache at a few context lengths, and the exact plan of `kv_type`.
+Status PrintKvBytes(const ModelConfig& c, const std::string& kv_type) {
   const int64_t kv = c.KvBytesPerTokenF16();
   std::printf("KV cache f16: %lld bytes/token (%s)", (long long)kv, Bytes(kv).c_str());
   // A few common context lengths up to the trained one, then the trained one.
@@ -151,28 +149,44 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
     std::printf("; %lld tokens: %s", (long long)ctx, Bytes(static_cast<double>(kv) * ctx).c_str());
   }
   std::printf("\n");
-  {
-    KvCacheOptions kv;
-    kv.k_type = kv.v_type = kv_type;
-    kv.max_tokens = c.max_position_embeddings;
-    KVQ_ASSIGN_OR_RETURN(KvTypePlan plan,
-                         PlanKvType({c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim}, kv));
-    std::printf(
-        "KV plan %s:  %.1f bytes/token exact (nominal %.1f; K %g + V %g per layer), "
-        "%zu-byte blocks of %lld tokens\n",
-        kv_type.c_str(), plan.layout.BytesPerToken(), plan.nominal_bytes_per_token,
-        plan.k_bytes_per_token_layer, plan.v_bytes_per_token_layer, plan.layout.block_bytes,
-        (long long)plan.layout.block_tokens);
+  KvCacheOptions options;
+  options.k_type = options.v_type = kv_type;
+  options.max_tokens = c.max_position_embeddings;
+  KVQ_ASSIGN_OR_RETURN(
+      KvTypePlan plan,
+      PlanKvType({c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim}, options));
+  std::printf(
+      "KV plan %s:  %.1f bytes/token exact (nominal %.1f; K %g + V %g per layer), "
+      "%zu-byte blocks of %lld tokens\n",
+      kv_type.c_str(), plan.layout.BytesPerToken(), plan.nominal_bytes_per_token,
+      plan.k_bytes_per_token_layer, plan.v_bytes_per_token_layer, plan.layout.block_bytes,
+      (long long)plan.layout.block_tokens);
+  return Status::Ok();
+}
+
+void PrintBiasNorms(const std::vector<std::vector<double>>& bias_norms) {
+  if (bias_norms.empty()) return;
+  std::printf("k_proj bias:  L2 norm per layer (per KV head):");
+  for (size_t l = 0; l < bias_norms.size(); ++l) {
+    std::printf("%s %zu:", l % 6 == 0 ? "\n             " : "", l);
+    for (double n : bias_norms[l]) std::printf(" %.1f", n);
+    std::printf(l + 1 < bias_norms.size() ? ";" : "\n");
   }
+}
+
+Status RunInfo(const std::string& path, const std::string& kv_type) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+    KVQ_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+    if (gguf->tensors().empty()) return InfoVocabOnly(path);
+  }
+  KVQ_ASSIGN_OR_RETURN(ModelFiles m, OpenModel(path));
+  std::printf("model:        %s (%s)\n", path.c_str(), ModelFormatName(m.format));
+  if (m.gguf != nullptr) PrintGgufIdentity(*m.gguf);
+  PrintShapes(m.config);
+  PrintParameters(m.tensors);
+  KVQ_RETURN_IF_ERROR(PrintKvBytes(m.config, kv_type));
   KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(m));
-  if (!bias_norms.empty()) {
-    std::printf("k_proj bias:  L2 norm per layer (per KV head):");
-    for (size_t l = 0; l < bias_norms.size(); ++l) {
-      std::printf("%s %zu:", l % 6 == 0 ? "\n             " : "", l);
-      for (double n : bias_norms[l]) std::printf(" %.1f", n);
-      std::printf(l + 1 < bias_norms.size() ? ";" : "\n");
-    }
-  }
+  PrintBiasNorms(bias_norms);
   PrintTokenizer(m.tokenizer);
   return Status::Ok();
 }

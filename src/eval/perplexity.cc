@@ -146,11 +146,11 @@ Status CheckPerplexityOptions(const PerplexityOptions& options, int64_t model_co
 }
 
 // --save-logits: a writer for every scored row (null when not asked for).
-// text_tokens: the text's first windows * context tokens; fed: the same as fed.
+// tokens: the text's tokens; fed: the first windows * context of them as fed.
 StatusOr<std::unique_ptr<LogitsFileWriter>> OpenLogitsWriter(const PerplexityOptions& options,
                                                              int64_t vocab, int64_t first,
                                                              int64_t windows,
-                                                             std::vector<int32_t> text_tokens,
+                                                             const std::vector<int32_t>& tokens,
                                                              const std::vector<int32_t>& fed) {
   if (options.save_logits_path.empty()) return std::unique_ptr<LogitsFileWriter>();
   LogitsFileHeader header;
@@ -161,7 +161,9 @@ StatusOr<std::unique_ptr<LogitsFileWriter>> OpenLogitsWriter(const PerplexityOpt
   header.f16 = !options.save_logits_f32;
   header.format = options.save_logits_format;
   // llama.cpp's files hold the text's tokens, kvq's the tokens as fed.
-  header.tokens = header.format == LogitsFormat::kLlamaCpp ? std::move(text_tokens) : fed;
+  header.tokens = header.format == LogitsFormat::kLlamaCpp
+                      ? std::vector<int32_t>(tokens.begin(), tokens.begin() + fed.size())
+                      : fed;
   return LogitsFileWriter::Create(options.save_logits_path, header);
 }
 
@@ -291,11 +293,8 @@ StatusOr<PerplexityResult> RunPerplexity(
   if (result.bos_per_window) {
     for (int64_t w = 0; w < windows; ++w) fed[w * context] = tok.bos_id();
   }
-  KVQ_ASSIGN_OR_RETURN(
-      std::unique_ptr<LogitsFileWriter> writer,
-      OpenLogitsWriter(options, vocab, first, windows,
-                       std::vector<int32_t>(tokens.begin(), tokens.begin() + windows * context),
-                       fed));
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<LogitsFileWriter> writer,
+                       OpenLogitsWriter(options, vocab, first, windows, tokens, fed));
   std::unique_ptr<LogitsFileReader> reader;
   if (!options.kl_base_path.empty()) {
     KVQ_ASSIGN_OR_RETURN(reader, LogitsFileReader::Open(options.kl_base_path));

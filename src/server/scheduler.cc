@@ -255,11 +255,7 @@ Status Scheduler::Step(StepReport* report) {
   return status;
 }
 
-Status Scheduler::StepBatch(StepReport* report) {
-  DropCancelled();
-  Admit();
-  if (running_.empty()) return Status::Ok();
-
+Scheduler::BatchPlan Scheduler::PlanBatch(StepReport* report) {
   // Decodes first: every sequence with exactly one token to compute needs a
   // block when it crosses a block boundary. Preempt the newest until they fit.
   auto decode_blocks = [this] {
@@ -275,17 +271,13 @@ Status Scheduler::StepBatch(StepReport* report) {
   int64_t free_blocks = FreeBlocks() - decode_blocks();
   int64_t budget = options_.max_num_batched_tokens;
 
-  // [batch] which sequence each batch row belongs to, and whether its
-  // logits complete the sequence's pending tokens (then a token is sampled).
-  std::vector<BatchSequence> batch;
-  std::vector<Sequence*> rows;
-  std::vector<bool> samples;
+  BatchPlan plan;
   for (const auto& s : running_) {  // decodes
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->computed;
     if (remaining != 1 || budget < 1) continue;
-    batch.push_back({s->seq, {s->tokens.back()}, false});
-    rows.push_back(s.get());
-    samples.push_back(true);
+    plan.batch.push_back({s->seq, {s->tokens.back()}, false});
+    plan.rows.push_back(s.get());
+    plan.samples.push_back(true);
     --budget;
   }
   for (const auto& s : running_) {  // prefill chunks, oldest first
@@ -301,50 +293,58 @@ Status Scheduler::StepBatch(StepReport* report) {
     free_blocks -= BlocksFor(s->computed + n) - BlocksFor(s->computed) + s->cow_blocks;
     budget -= n;
     const auto first = s->tokens.begin() + s->computed;
-    batch.push_back({s->seq, std::vector<int32_t>(first, first + n), false});
-    rows.push_back(s.get());
-    samples.push_back(n == remaining);
+    plan.batch.push_back({s->seq, std::vector<int32_t>(first, first + n), false});
+    plan.rows.push_back(s.get());
+    plan.samples.push_back(n == remaining);
     report->prompt_tokens += n;
   }
-  if (batch.empty()) {
+  return plan;
+}
+
+void Scheduler::RemoveRunning(const std::vector<Sequence*>& ended) {
+  if (ended.empty()) return;
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [&](const auto& s) {
+                                  return std::find(ended.begin(), ended.end(), s.get()) !=
+                                         ended.end();
+                                }),
+                 running_.end());
+}
+
+Status Scheduler::StepBatch(StepReport* report) {
+  DropCancelled();
+  Admit();
+  if (running_.empty()) return Status::Ok();
+
+  const BatchPlan plan = PlanBatch(report);
+  if (plan.batch.empty()) {
     // Every running sequence is prefilling and the free blocks went to
     // sequences that have since grown: free the newest so the rest progress.
     if (running_.size() > 1) Preempt(running_.size() - 1, report);
     return Status::Ok();
   }
-  report->batch_sequences = static_cast<int64_t>(batch.size());
+  report->batch_sequences = static_cast<int64_t>(plan.batch.size());
 
-  const Status status = model_.Forward(batch, cache_, &logits_);
+  const Status status = model_.Forward(plan.batch, cache_, &logits_);
   if (!status.ok()) {
     // The cache state of these sequences is unknown: end them.
-    for (Sequence* s : rows) Finish(*s, "error", status.message());
-    running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                  [&](const auto& s) {
-                                    return std::find(rows.begin(), rows.end(), s.get()) !=
-                                           rows.end();
-                                  }),
-                   running_.end());
+    for (Sequence* s : plan.rows) Finish(*s, "error", status.message());
+    RemoveRunning(plan.rows);
     return status;
   }
   std::vector<Sequence*> done;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Sequence& s = *rows[i];
-    s.computed += static_cast<int64_t>(batch[i].tokens.size());
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    Sequence& s = *plan.rows[i];
+    s.computed += static_cast<int64_t>(plan.batch[i].tokens.size());
     s.cow_blocks = 0;
     // Before the token is accepted: a finished request releases its blocks.
     if (options_.enable_prefix_caching) cache_.CacheFullBlocks(s.seq, s.tokens);
-    if (samples[i] && AcceptToken(s, logits_.data() + i * static_cast<size_t>(vocab_), report)) {
+    if (plan.samples[i] &&
+        AcceptToken(s, logits_.data() + i * static_cast<size_t>(vocab_), report)) {
       done.push_back(&s);
     }
   }
-  if (!done.empty()) {
-    running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                  [&](const auto& s) {
-                                    return std::find(done.begin(), done.end(), s.get()) !=
-                                           done.end();
-                                  }),
-                   running_.end());
-  }
+  RemoveRunning(done);
   return Status::Ok();
 }
 

@@ -137,7 +137,18 @@ class Scheduler {
   int64_t PendingBlocks(const Sequence& s) const {
     return BlocksFor(static_cast<int64_t>(s.tokens.size())) - BlocksFor(s.computed) + s.cow_blocks;
   }
+  // One step's batch: a row per sequence that computes tokens this step.
+  struct BatchPlan {
+    std::vector<BatchSequence> batch;  // [rows] sequence id and its tokens
+    std::vector<Sequence*> rows;       // [rows] the sequence each row belongs to
+    std::vector<bool> samples;         // [rows] logits complete the pending tokens: sample
+  };
   Status StepBatch(StepReport* report);
+  // Preempts the newest sequences until every decode's next block fits, then
+  // fills the token budget: decodes first, then prefill chunks, oldest first.
+  BatchPlan PlanBatch(StepReport* report);
+  // Erases these sequences from running_ (they are finished).
+  void RemoveRunning(const std::vector<Sequence*>& ended);
   void DropCancelled();
   void Admit();
   void Preempt(size_t running_index, StepReport* report);

@@ -282,21 +282,12 @@ Status ConfigureExtraStages(const StudyFlags& flags, const LoadedModel& model,
   return ConfigureContextKl(flags, c, shape, results, o);
 }
 
-// One model's study; writes its JSON to `json_path`.
-StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string& model_path,
-                                     const std::string& json_path) {
-  const std::string text_path = flags.file.empty() ? DefaultStudyTextPath() : flags.file;
-  if (text_path.empty()) {
-    return Status::Error("no text given and .deps/corpus/test.txt was not found; pass -f FILE");
-  }
-  KVQ_ASSIGN_OR_RETURN(std::string text, ReadTextFile(text_path));
-  KVQ_ASSIGN_OR_RETURN(PlanModel plan, LoadPlanModel(model_path));
-  const ModelConfig& c = plan.config;
-  const KvShape shape = PlanKvShape(c);
-  const std::string scheme_list = flags.schemes.empty() ? DefaultStudySchemes() : flags.schemes;
-  KVQ_ASSIGN_OR_RETURN(std::vector<SchemeSpec> schemes, ParseSchemeList(scheme_list, shape));
-
+// The core study's options: flags over defaults sized for the budgets.
+StatusOr<StudyOptions> CoreStudyOptions(const StudyFlags& flags, const ModelConfig& c,
+                                        std::vector<SchemeSpec> schemes,
+                                        const std::string& text_path) {
   StudyOptions o;
+  o.schemes = std::move(schemes);
   o.quick = flags.quick;
   const int64_t model_ctx = c.max_position_embeddings;
   // Defaults sized for the <= 3 min (--quick) / <= 15 min budgets on 2
@@ -310,7 +301,6 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
   // near 30 s on a 30-layer model (SmolLM2-135M) instead of ~2 min at 1024.
   o.capture_tokens = flags.capture > 0 ? flags.capture : std::min<int64_t>(o.context, 512);
   o.batch = flags.batch;
-  o.schemes = schemes;
   // Passkey prompts were most of the end-to-end time (17 schemes x every
   // prompt's prefill): on SmolLM2-135M 2 shared cores prefill ~150-250
   // tokens/s, and 4.6K recall tokens a scheme took the default study past 15
@@ -344,6 +334,31 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
     if (!calib_text.ok()) return calib_text.status().WithContext("calibration text");
     o.calibration_text = std::move(calib_text).value();
   }
+  return o;
+}
+
+Status WriteStudyJson(const nlohmann::json& study, const std::string& json_path) {
+  std::ofstream out(json_path);
+  if (!out) return Status::Error(json_path + ": cannot write the JSON");
+  out << study.dump(1) << "\n";
+  if (!out) return Status::Error(json_path + ": write failed");
+  return Status::Ok();
+}
+
+// One model's study; writes its JSON to `json_path`.
+StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string& model_path,
+                                     const std::string& json_path) {
+  const std::string text_path = flags.file.empty() ? DefaultStudyTextPath() : flags.file;
+  if (text_path.empty()) {
+    return Status::Error("no text given and .deps/corpus/test.txt was not found; pass -f FILE");
+  }
+  KVQ_ASSIGN_OR_RETURN(std::string text, ReadTextFile(text_path));
+  KVQ_ASSIGN_OR_RETURN(PlanModel plan, LoadPlanModel(model_path));
+  const ModelConfig& c = plan.config;
+  const KvShape shape = PlanKvShape(c);
+  const std::string scheme_list = flags.schemes.empty() ? DefaultStudySchemes() : flags.schemes;
+  KVQ_ASSIGN_OR_RETURN(std::vector<SchemeSpec> schemes, ParseSchemeList(scheme_list, shape));
+  KVQ_ASSIGN_OR_RETURN(StudyOptions o, CoreStudyOptions(flags, c, std::move(schemes), text_path));
 
   KVQ_RETURN_IF_ERROR(CheckFits(model_path, o.schemes, o.capture_tokens));
   KVQ_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(model_path, o.threads));
@@ -363,12 +378,7 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
   progress.Done();
   if (!result.ok()) return result.status();
   PrintStudyTables(*result);
-  {
-    std::ofstream out(json_path);
-    if (!out) return Status::Error(json_path + ": cannot write the JSON");
-    out << result->dump(1) << "\n";
-    if (!out) return Status::Error(json_path + ": write failed");
-  }
+  KVQ_RETURN_IF_ERROR(WriteStudyJson(*result, json_path));
   std::printf("json: %s\n", json_path.c_str());
   if (!flags.dump.empty()) std::printf("dump: %s\n", flags.dump.c_str());
   return result;

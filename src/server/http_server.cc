@@ -72,6 +72,33 @@ struct StreamState {
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 };
 
+// The stream's last event: the finish chunk (with usage, or usage in its own
+// chunk when the client asked for stream_options.include_usage, OpenAI's
+// form) or an error event, then [DONE]. False when a write failed.
+template <class Write>
+bool WriteFinalEvent(const StreamState& state, const RequestEvent& event,
+                     const std::optional<ChoiceLogprobs>& logprobs, Write& write) {
+  if (event.finish_reason == "stop" || event.finish_reason == "length") {
+    const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
+    const bool own_chunk = state.request.include_usage;
+    if (!write(StreamChunk(state.request, state.id, state.created, event.text, event.finish_reason,
+                           state.first, own_chunk ? nullptr : &usage,
+                           logprobs ? &*logprobs : nullptr))) {
+      return false;
+    }
+    if (own_chunk && !write(UsageChunk(state.request, state.id, state.created, usage))) {
+      return false;
+    }
+  } else {
+    const ApiError e = MakeError(event.finish_reason == "error" ? 500 : 503, "server_error",
+                                 event.finish_reason == "error"
+                                     ? "generation failed: " + event.error
+                                     : "the request was cancelled (server shutting down)");
+    if (!write("data: " + ApiErrorJson(e) + "\n\n")) return false;
+  }
+  return write("data: [DONE]\n\n");
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -466,28 +493,7 @@ void HttpServer::Impl::Stream(HttpResponse& res, std::shared_ptr<StreamState> st
         continue;
       }
       state->done = true;
-      if (event.finish_reason == "stop" || event.finish_reason == "length") {
-        // usage on the last choice chunk, or in its own chunk when the
-        // client asked for stream_options.include_usage (OpenAI's form).
-        const CompletionUsage usage{event.prompt_tokens, event.completion_tokens};
-        const bool own_chunk = state->request.include_usage;
-        const auto logprobs = chunk_logprobs(event);
-        if (!write(StreamChunk(state->request, state->id, state->created, event.text,
-                               event.finish_reason, state->first, own_chunk ? nullptr : &usage,
-                               logprobs ? &*logprobs : nullptr))) {
-          return false;
-        }
-        if (own_chunk && !write(UsageChunk(state->request, state->id, state->created, usage))) {
-          return false;
-        }
-      } else {
-        const ApiError e = MakeError(event.finish_reason == "error" ? 500 : 503, "server_error",
-                                     event.finish_reason == "error"
-                                         ? "generation failed: " + event.error
-                                         : "the request was cancelled (server shutting down)");
-        if (!write("data: " + ApiErrorJson(e) + "\n\n")) return false;
-      }
-      if (!write("data: [DONE]\n\n")) return false;
+      if (!WriteFinalEvent(*state, event, chunk_logprobs(event), write)) return false;
       sink.Done();
       return true;
     }

@@ -32,56 +32,7 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
     KVQ_RETURN_IF_ERROR(CheckHadamardDim(shape.head_dim).WithContext("--kv-rotate"));
   }
   auto cache = std::unique_ptr<PagedKvCache>(new PagedKvCache(shape, options, layout));
-  std::string layer_names;
-  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layer_specs,
-                       ResolveKvLayerSpecs(options, shape.num_layers));
-  // Loaded once, on the first codec that needs it (KVQuant's nuq*).
-  std::unique_ptr<KvCalibration> calibration;
-  auto calibrate = [&](KvCodec& codec, int64_t layer, int64_t head, bool is_v) -> Status {
-    if (!codec.NeedsCalibrationFile()) return Status::Ok();
-    if (calibration == nullptr) {
-      if (options.calibration_path.empty()) {
-        return Status::Error("KV cache type '" + codec.Name() +
-                             "' needs a calibration file: make one with `kvq calibrate -m MODEL "
-                             "-f TEXT -o FILE` and pass --kv-calibration FILE");
-      }
-      KVQ_ASSIGN_OR_RETURN(KvCalibration loaded, LoadKvCalibration(options.calibration_path));
-      KVQ_RETURN_IF_ERROR(loaded.CheckShape(shape));
-      calibration = std::make_unique<KvCalibration>(std::move(loaded));
-    }
-    return codec.SetCalibration(*calibration, layer, head, is_v);
-  };
-  for (int64_t l = 0; l < shape.num_layers; ++l) {
-    const KvLayerSpec& spec = layer_specs[static_cast<size_t>(l)];
-    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
-      KVQ_ASSIGN_OR_RETURN(auto k_codec, spec.k.Make(shape.head_dim));
-      KVQ_ASSIGN_OR_RETURN(auto v_codec, spec.v.Make(shape.head_dim));
-      KVQ_RETURN_IF_ERROR(calibrate(*k_codec, l, h, /*is_v=*/false));
-      KVQ_RETURN_IF_ERROR(calibrate(*v_codec, l, h, /*is_v=*/true));
-      cache->any_streaming_ =
-          cache->any_streaming_ || !k_codec->streaming().Plain() || !v_codec->streaming().Plain();
-      cache->any_detect_ = cache->any_detect_ || k_codec->streaming().detect_sinks > 0 ||
-                           v_codec->streaming().detect_sinks > 0;
-      cache->k_codecs_.push_back(std::move(k_codec));
-      cache->v_codecs_.push_back(std::move(v_codec));
-    }
-    char matrix = 0;
-    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
-      const size_t i = static_cast<size_t>(l * shape.num_kv_heads + h);
-      cache->k_matrix_.push_back(cache->k_codecs_[i]->RotationMatrix());
-      cache->v_matrix_.push_back(cache->v_codecs_[i]->RotationMatrix());
-      matrix = matrix || cache->k_matrix_.back() != nullptr || cache->v_matrix_.back() != nullptr;
-    }
-    cache->layer_matrix_.push_back(matrix);
-    cache->k_rotation_.push_back(cache->k_codecs_.back()->RotationBlock(/*is_v=*/false));
-    cache->v_rotation_.push_back(cache->v_codecs_.back()->RotationBlock(/*is_v=*/true));
-    const std::string k_name = cache->k_codecs_.back()->Name();
-    const std::string v_name = cache->v_codecs_.back()->Name();
-    const std::string name = k_name == v_name ? k_name : "k:" + k_name + "/v:" + v_name;
-    if (l == 0) cache->type_name_ = name;
-    layer_names += (l == 0 ? "" : ",") + name;
-  }
-  if (!options.policy.empty()) cache->type_name_ = "policy[" + layer_names + "]";
+  KVQ_RETURN_IF_ERROR(cache->MakeCodecs());
   KVQ_ASSIGN_OR_RETURN(cache->f16_codec_, ParseKvCodec("f16", shape.head_dim));
   KVQ_ASSIGN_OR_RETURN(cache->f32_codec_, ParseKvCodec("f32", shape.head_dim));
   if (layout.rope_table_head_dim > 0) {
@@ -103,6 +54,60 @@ StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shap
   if (options.rotate) cache->type_name_ += "+rot";
   KVQ_RETURN_IF_ERROR(cache->AllocateRunState());
   return cache;
+}
+
+Status PagedKvCache::MakeCodecs() {
+  std::string layer_names;
+  KVQ_ASSIGN_OR_RETURN(const std::vector<KvLayerSpec> layer_specs,
+                       ResolveKvLayerSpecs(options_, shape_.num_layers));
+  // Loaded once, on the first codec that needs it (KVQuant's nuq*).
+  std::unique_ptr<KvCalibration> calibration;
+  auto calibrate = [&](KvCodec& codec, int64_t layer, int64_t head, bool is_v) -> Status {
+    if (!codec.NeedsCalibrationFile()) return Status::Ok();
+    if (calibration == nullptr) {
+      if (options_.calibration_path.empty()) {
+        return Status::Error("KV cache type '" + codec.Name() +
+                             "' needs a calibration file: make one with `kvq calibrate -m MODEL "
+                             "-f TEXT -o FILE` and pass --kv-calibration FILE");
+      }
+      KVQ_ASSIGN_OR_RETURN(KvCalibration loaded, LoadKvCalibration(options_.calibration_path));
+      KVQ_RETURN_IF_ERROR(loaded.CheckShape(shape_));
+      calibration = std::make_unique<KvCalibration>(std::move(loaded));
+    }
+    return codec.SetCalibration(*calibration, layer, head, is_v);
+  };
+  for (int64_t l = 0; l < shape_.num_layers; ++l) {
+    const KvLayerSpec& spec = layer_specs[static_cast<size_t>(l)];
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      KVQ_ASSIGN_OR_RETURN(auto k_codec, spec.k.Make(shape_.head_dim));
+      KVQ_ASSIGN_OR_RETURN(auto v_codec, spec.v.Make(shape_.head_dim));
+      KVQ_RETURN_IF_ERROR(calibrate(*k_codec, l, h, /*is_v=*/false));
+      KVQ_RETURN_IF_ERROR(calibrate(*v_codec, l, h, /*is_v=*/true));
+      any_streaming_ =
+          any_streaming_ || !k_codec->streaming().Plain() || !v_codec->streaming().Plain();
+      any_detect_ = any_detect_ || k_codec->streaming().detect_sinks > 0 ||
+                    v_codec->streaming().detect_sinks > 0;
+      k_codecs_.push_back(std::move(k_codec));
+      v_codecs_.push_back(std::move(v_codec));
+    }
+    char matrix = 0;
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const size_t i = static_cast<size_t>(l * shape_.num_kv_heads + h);
+      k_matrix_.push_back(k_codecs_[i]->RotationMatrix());
+      v_matrix_.push_back(v_codecs_[i]->RotationMatrix());
+      matrix = matrix || k_matrix_.back() != nullptr || v_matrix_.back() != nullptr;
+    }
+    layer_matrix_.push_back(matrix);
+    k_rotation_.push_back(k_codecs_.back()->RotationBlock(/*is_v=*/false));
+    v_rotation_.push_back(v_codecs_.back()->RotationBlock(/*is_v=*/true));
+    const std::string k_name = k_codecs_.back()->Name();
+    const std::string v_name = v_codecs_.back()->Name();
+    const std::string name = k_name == v_name ? k_name : "k:" + k_name + "/v:" + v_name;
+    if (l == 0) type_name_ = name;
+    layer_names += (l == 0 ? "" : ",") + name;
+  }
+  if (!options_.policy.empty()) type_name_ = "policy[" + layer_names + "]";
+  return Status::Ok();
 }
 
 bool PagedKvCache::AnyRotation() const {

@@ -238,6 +238,9 @@ class PagedKvCache final : public KvCache {
     std::vector<uint8_t> prepared;
   };
   Status AllocateRunState();
+  // Makes every layer's K and V codec per head (loading the calibration file
+  // for the first that needs it), their rotations, and the cache's type name.
+  Status MakeCodecs();
   int64_t max_rows_ = 0;                               // query rows per task, at most
   mutable std::vector<ThreadScratch> thread_scratch_;  // [num_threads_]
   // Split-K partials: [tasks, max_rows], same, [tasks, max_rows, head_dim].

@@ -190,6 +190,12 @@ constexpr size_t kLinearBpeMax = 48;        // quadratic scan beats a heap below
 class TokenizerImpl {
  public:
   Status Init(const TokenizerSpec& spec);
+  // Init's steps, in order: the spec's sizes and ids, the token tables, the
+  // merges that can apply, the pre-tokenizer's split patterns.
+  Status CheckSpec();
+  void IndexTokens();
+  Status BuildMerges();
+  Status CompileSplitRegexes();
   void Encode(std::string_view text, const EncodeOptions& options, std::vector<int32_t>& out) const;
   void PreTokenize(std::string_view text, bool parse_special,
                    std::vector<std::string_view>& out) const;
@@ -233,6 +239,13 @@ class TokenizerImpl {
 
 Status TokenizerImpl::Init(const TokenizerSpec& in) {
   spec = in;
+  KVQ_RETURN_IF_ERROR(CheckSpec());
+  IndexTokens();
+  KVQ_RETURN_IF_ERROR(BuildMerges());
+  return CompileSplitRegexes();
+}
+
+Status TokenizerImpl::CheckSpec() {
   if (spec.model != "gpt2") {
     return Status::Error("unsupported tokenizer model '" + spec.model +
                          "'; kvq supports byte-level BPE (gpt2)");
@@ -251,7 +264,11 @@ Status TokenizerImpl::Init(const TokenizerSpec& in) {
                            " is outside the vocabulary of " + std::to_string(n));
     }
   }
+  return Status::Ok();
+}
 
+void TokenizerImpl::IndexTokens() {
+  const size_t n = spec.tokens.size();
   token_bytes.resize(n);
   piece_to_id.reserve(n);
   bytes_to_id.reserve(n);
@@ -278,7 +295,9 @@ Status TokenizerImpl::Init(const TokenizerSpec& in) {
     auto it = bytes_to_id.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
     byte_token[b] = it == bytes_to_id.end() ? kNoByteToken : it->second;
   }
+}
 
+Status TokenizerImpl::BuildMerges() {
   // Merges whose parts or result are not normal tokens can never apply.
   merges.Reserve(spec.merges.size());
   for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
@@ -303,7 +322,10 @@ Status TokenizerImpl::Init(const TokenizerSpec& in) {
   }
   spec.merges.clear();
   spec.merges.shrink_to_fit();
+  return Status::Ok();
+}
 
+Status TokenizerImpl::CompileSplitRegexes() {
   std::vector<std::string> patterns = spec.split_patterns;
   if (patterns.empty() && !spec.pre.empty()) {
     KVQ_ASSIGN_OR_RETURN(patterns, PreTokenizerPatterns(spec.pre));

@@ -49,6 +49,50 @@ std::vector<std::string> SplitList(const std::string& text) {
   return items;
 }
 
+// The frontier tune explored and the policy it chose.
+void PrintFrontier(const TuneFlags& flags, const std::string& model_path, const TuneResult& r) {
+  std::printf("model:     %s\ncalibration: %s, %lld windows of %lld tokens, f16 PPL %.4f\n",
+              model_path.c_str(), flags.file.c_str(), (long long)flags.windows,
+              (long long)flags.context, r.baseline_ppl);
+  std::printf("budget:    mean KL(f16 || policy) <= %g nats/token\n\n", flags.kl_budget);
+  std::printf("frontier explored (%lld runs, %.1f s):\n", (long long)r.evaluations, r.seconds);
+  std::printf("  %10s %8s %12s %12s %8s  %s\n", "B/token", "vs f16", "KL predicted", "KL measured",
+              "top-1 %", "step");
+  for (const TunePoint& p : r.frontier) {
+    char measured[32] = "-", top1[32] = "-";
+    if (p.measured_kl >= 0) {
+      std::snprintf(measured, sizeof(measured), "%.3e", p.measured_kl);
+      std::snprintf(top1, sizeof(top1), "%.2f", p.top1_percent);
+    }
+    std::printf("  %10.1f %7.2fx %12.3e %12s %8s  %s%s\n", p.bytes_per_token,
+                r.f16_bytes_per_token / p.bytes_per_token, p.predicted_kl, measured, top1,
+                p.step.c_str(),
+                p.measured_kl < 0 ? " (skipped)" : (p.accepted ? "" : " (over budget)"));
+  }
+  std::printf(
+      "\nbest:      %.1f B/token (%.2fx smaller than f16), measured KL %.3e, top-1 %.2f%%\n",
+      r.best.bytes_per_token, r.f16_bytes_per_token / r.best.bytes_per_token, r.best.measured_kl,
+      r.best.top1_percent);
+}
+
+// --export hf|vllm FILE: the policy in the peer's cache configuration.
+int ExportPolicy(const TuneFlags& flags, const LoadedModel& loaded, const std::string& policy) {
+  KvExportInput in;
+  in.policy = policy;
+  in.num_layers = loaded.transformer->kv_shape().num_layers;
+  in.model = loaded.path;
+  in.command = flags.command;
+  const bool hf = flags.export_args[0] == "hf";
+  auto json = hf ? HfCacheExportJson(in) : VllmCacheExportJson(in, flags.scales);
+  if (!json.ok()) return CommandError("tune", json.status().message());
+  std::ofstream exported(flags.export_args[1]);
+  exported << *json;
+  if (!exported) return CommandError("tune", flags.export_args[1] + ": cannot write the export");
+  std::printf("export:    %s (%s)\n", flags.export_args[1].c_str(),
+              hf ? "transformers QuantizedCacheConfig" : "vLLM --kv-cache-dtype");
+  return 0;
+}
+
 int RunTuneCommand(const TuneFlags& flags) {
   auto text = ReadTextFile(flags.file);
   if (!text.ok()) return CommandError("tune", text.status().message());
@@ -86,28 +130,7 @@ int RunTuneCommand(const TuneFlags& flags) {
   if (!result.ok()) return CommandError("tune", result.status().message());
   const TuneResult& r = *result;
 
-  std::printf("model:     %s\ncalibration: %s, %lld windows of %lld tokens, f16 PPL %.4f\n",
-              loaded->path.c_str(), flags.file.c_str(), (long long)flags.windows,
-              (long long)flags.context, r.baseline_ppl);
-  std::printf("budget:    mean KL(f16 || policy) <= %g nats/token\n\n", flags.kl_budget);
-  std::printf("frontier explored (%lld runs, %.1f s):\n", (long long)r.evaluations, r.seconds);
-  std::printf("  %10s %8s %12s %12s %8s  %s\n", "B/token", "vs f16", "KL predicted", "KL measured",
-              "top-1 %", "step");
-  for (const TunePoint& p : r.frontier) {
-    char measured[32] = "-", top1[32] = "-";
-    if (p.measured_kl >= 0) {
-      std::snprintf(measured, sizeof(measured), "%.3e", p.measured_kl);
-      std::snprintf(top1, sizeof(top1), "%.2f", p.top1_percent);
-    }
-    std::printf("  %10.1f %7.2fx %12.3e %12s %8s  %s%s\n", p.bytes_per_token,
-                r.f16_bytes_per_token / p.bytes_per_token, p.predicted_kl, measured, top1,
-                p.step.c_str(),
-                p.measured_kl < 0 ? " (skipped)" : (p.accepted ? "" : " (over budget)"));
-  }
-  std::printf(
-      "\nbest:      %.1f B/token (%.2fx smaller than f16), measured KL %.3e, top-1 %.2f%%\n",
-      r.best.bytes_per_token, r.f16_bytes_per_token / r.best.bytes_per_token, r.best.measured_kl,
-      r.best.top1_percent);
+  PrintFrontier(flags, loaded->path, r);
   std::ofstream out(flags.output);
   if (!out) return CommandError("tune", flags.output + ": cannot write the policy file");
   out << "# kvq tune policy (use with --kv-policy " << flags.output << ")\n"
@@ -118,20 +141,7 @@ int RunTuneCommand(const TuneFlags& flags) {
   if (!out) return CommandError("tune", flags.output + ": write failed");
   std::printf("policy:    %s\n%s", flags.output.c_str(), r.best.policy.c_str());
   if (flags.export_args.empty()) return 0;
-  KvExportInput in;
-  in.policy = r.best.policy;
-  in.num_layers = loaded->transformer->kv_shape().num_layers;
-  in.model = loaded->path;
-  in.command = flags.command;
-  const bool hf = flags.export_args[0] == "hf";
-  auto json = hf ? HfCacheExportJson(in) : VllmCacheExportJson(in, flags.scales);
-  if (!json.ok()) return CommandError("tune", json.status().message());
-  std::ofstream exported(flags.export_args[1]);
-  exported << *json;
-  if (!exported) return CommandError("tune", flags.export_args[1] + ": cannot write the export");
-  std::printf("export:    %s (%s)\n", flags.export_args[1].c_str(),
-              hf ? "transformers QuantizedCacheConfig" : "vLLM --kv-cache-dtype");
-  return 0;
+  return ExportPolicy(flags, *loaded, r.best.policy);
 }
 
 }  // namespace

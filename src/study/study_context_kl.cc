@@ -119,6 +119,30 @@ Status ValidateContextKl(const LoadedModel& model, int64_t text_tokens, const Co
   return Status::Ok();
 }
 
+// Each scheme's points by length, with its bits per value from the planner.
+StatusOr<Json> ContextKlSchemesJson(const LoadedModel& model,
+                                    const std::vector<SchemeSpec>& schemes,
+                                    const std::vector<int64_t>& lengths, const ContextKlOptions& o,
+                                    const std::vector<std::map<int64_t, Json>>& done) {
+  Json out_schemes = Json::array();
+  const KvShape shape = model.transformer->kv_shape();
+  for (size_t s = 0; s < schemes.size(); ++s) {
+    KVQ_ASSIGN_OR_RETURN(KvTypePlan plan,
+                         PlanKvType(shape, SchemeCacheOptions(schemes[s], lengths.back(), o.threads,
+                                                              o.calibration_path)));
+    Json points = Json::array();
+    for (int64_t length : lengths) points.push_back(done[s].at(length));
+    out_schemes.push_back({{"name", schemes[s].name},
+                           {"baseline", s == 0},
+                           {"nominal_bits", std::max(plan.k_bits, plan.v_bits)},
+                           {"bits_per_value", JsonNumber(plan.layout.BytesPerToken() * 8.0 /
+                                                         (2.0 * shape.num_layers *
+                                                          shape.num_kv_heads * shape.head_dim))},
+                           {"points", std::move(points)}});
+  }
+  return out_schemes;
+}
+
 StatusOr<Json> RunContextKlStudy(LoadedModel& model, const std::string& text,
                                  const std::string& text_digest,
                                  const std::vector<SchemeSpec>& schemes, const ContextKlOptions& o,
@@ -181,22 +205,7 @@ StatusOr<Json> RunContextKlStudy(LoadedModel& model, const std::string& text,
   }
   if (progress) progress(p);
 
-  Json out_schemes = Json::array();
-  const KvShape shape = model.transformer->kv_shape();
-  for (size_t s = 0; s < schemes.size(); ++s) {
-    KVQ_ASSIGN_OR_RETURN(KvTypePlan plan,
-                         PlanKvType(shape, SchemeCacheOptions(schemes[s], lengths.back(), o.threads,
-                                                              o.calibration_path)));
-    Json points = Json::array();
-    for (int64_t length : lengths) points.push_back(done[s].at(length));
-    out_schemes.push_back({{"name", schemes[s].name},
-                           {"baseline", s == 0},
-                           {"nominal_bits", std::max(plan.k_bits, plan.v_bits)},
-                           {"bits_per_value", JsonNumber(plan.layout.BytesPerToken() * 8.0 /
-                                                         (2.0 * shape.num_layers *
-                                                          shape.num_kv_heads * shape.head_dim))},
-                           {"points", std::move(points)}});
-  }
+  KVQ_ASSIGN_OR_RETURN(Json out_schemes, ContextKlSchemesJson(model, schemes, lengths, o, done));
   Json out = {{"lengths", lengths}, {"positions", o.positions}, {"dir", dir}};
   out["best_2bit"] = Best2Bit(out_schemes);
   out["schemes"] = std::move(out_schemes);

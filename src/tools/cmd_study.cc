@@ -431,21 +431,26 @@ int RunStudyCommand(const StudyFlags& flags) {
 }
 
 // The stages every study runs: what to study, the windows, recall, outputs.
+// What `kvq study --help` says the stages do.
+constexpr const char* kStudyFooter =
+    "Stages: (1) capture q, K pre/post RoPE, V of the first --capture tokens (f32 cache);\n"
+    "(2) per-channel mean |x| and outlier channels (> 4x the head's median), attention-sink\n"
+    "mass; (3) fake quantization at 2 and 4 bits: the write-up's fake_quant as written\n"
+    "(symmetric, 2^(b+1) levels, per-channel over the whole sequence, per-token over the head\n"
+    "vector), the corrected b-bit quantizers (asymmetric, 2^b levels, KIVI's groups of 32) and\n"
+    "the same with K quantized before RoPE, scored by relative score error, attention KL and\n"
+    "output error;\n"
+    "(4) each --schemes entry as a real cache: perplexity (kvq perplexity convention), KL and\n"
+    "top-1 vs the f16 cache, passkey recall at several contexts and depths, bytes per token;\n"
+    "kvquant* schemes are calibrated first (kvq calibrate's q2 weights) unless "
+    "--kv-calibration.\n"
+    "Scheme specs: TYPE (any --kv-cache-dtype), KTYPE/VTYPE (f16/int4), suffix +rot,\n"
+    "policy:FILE (a --kv-policy file, e.g. from kvq tune).\n"
+    "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
+    "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].";
+
 void AddCoreStudyOptions(CLI::App* cmd, StudyFlags* flags) {
-  cmd->footer(
-      "Stages: (1) capture q, K pre/post RoPE, V of the first --capture tokens (f32 cache);\n"
-      "(2) per-channel mean |x| and outlier channels (> 4x the head's median), attention-sink\n"
-      "mass; (3) fake quantization (asymmetric min/max, 2^b levels; per-token = whole head\n"
-      "vector, per-channel = groups of 32 tokens) at 2 and 4 bits, plus the write-up's literal\n"
-      "2^(b+1)-level formula, scored by relative score error, attention KL, output error;\n"
-      "(4) each --schemes entry as a real cache: perplexity (kvq perplexity convention), KL and\n"
-      "top-1 vs the f16 cache, passkey recall at several contexts and depths, bytes per token;\n"
-      "kvquant* schemes are calibrated first (kvq calibrate's q2 weights) unless "
-      "--kv-calibration.\n"
-      "Scheme specs: TYPE (any --kv-cache-dtype), KTYPE/VTYPE (f16/int4), suffix +rot,\n"
-      "policy:FILE (a --kv-policy file, e.g. from kvq tune).\n"
-      "--dump FILE tensors (F32): layers.{L}.q [tokens, heads, head_dim],\n"
-      "layers.{L}.k_pre_rope / k_post_rope / v [tokens, kv_heads, head_dim], token_ids [tokens].");
+  cmd->footer(kStudyFooter);
   // Repeatable, unlike AddModelOption's single -m; the same resolver (hub
   // ids) applies to each.
   cmd->add_option("-m,--model", flags->models,

@@ -84,6 +84,31 @@ StatusOr<std::string> SyntheticCalibration(const KvShape& shape) {
   return path;
 }
 
+// A cache of sequence 0 holding `context` random tokens in every layer
+// (calibrated from a synthetic file where the type needs one).
+StatusOr<std::unique_ptr<KvCache>> MakeFilledCache(const KvShape& shape, KvCacheOptions options,
+                                                   int64_t context) {
+  KVQ_ASSIGN_OR_RETURN(const bool needs_calibration, NeedsCalibrationFile(shape, options));
+  if (needs_calibration) {
+    KVQ_ASSIGN_OR_RETURN(options.calibration_path, SyntheticCalibration(shape));
+  }
+  KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, MakeKvCache(shape, options));
+  KVQ_RETURN_IF_ERROR(cache->AddSequence(0));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t chunk = 512;
+  // [chunk, kv_heads, head_dim]
+  std::vector<float> kv(static_cast<size_t>(chunk * shape.num_kv_heads * shape.head_dim));
+  for (float& x : kv) x = normal(rng);
+  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
+    for (int64_t filled = 0; filled < context; filled += chunk) {
+      const int64_t n = std::min(chunk, context - filled);
+      KVQ_RETURN_IF_ERROR(cache->Append(0, layer, n, kv.data(), kv.data(), kv.data()));
+    }
+  }
+  return cache;
+}
+
 void BM_DecodeAttention(benchmark::State& state, std::string codec, LayerShape layer_shape) {
   const int64_t heads = layer_shape.heads, kv_heads = layer_shape.kv_heads;
   const int64_t head_dim = layer_shape.head_dim;
@@ -110,41 +135,14 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec, LayerShape l
   const int64_t bytes =
       context * kv_heads * static_cast<int64_t>(one_layer->k_row_bytes + one_layer->v_row_bytes);
   shape.num_layers = std::clamp<int64_t>((rotate_bytes + bytes - 1) / bytes, 1, 4096);
-  auto needs_calibration = NeedsCalibrationFile(shape, options);
-  if (!needs_calibration.ok()) {
-    state.SkipWithError(needs_calibration.status().message().c_str());
-    return;
-  }
-  if (*needs_calibration) {
-    auto calibration = SyntheticCalibration(shape);
-    if (!calibration.ok()) {
-      state.SkipWithError(calibration.status().message().c_str());
-      return;
-    }
-    options.calibration_path = *calibration;
-  }
-  auto made = MakeKvCache(shape, options);
+  auto made = MakeFilledCache(shape, options, context);
   if (!made.ok()) {
     state.SkipWithError(made.status().message().c_str());
     return;
   }
   KvCache& cache = **made;
-  if (!cache.AddSequence(0).ok()) return;
-  std::mt19937 rng(1);
+  std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int64_t chunk = 512;
-  std::vector<float> kv(static_cast<size_t>(chunk * kv_heads * head_dim));  // [chunk, kv, dim]
-  for (float& x : kv) x = normal(rng);
-  for (int64_t layer = 0; layer < shape.num_layers; ++layer) {
-    for (int64_t filled = 0; filled < context; filled += chunk) {
-      const int64_t n = std::min(chunk, context - filled);
-      Status s = cache.Append(0, layer, n, kv.data(), kv.data(), kv.data());
-      if (!s.ok()) {
-        state.SkipWithError(s.message().c_str());
-        return;
-      }
-    }
-  }
   std::vector<float> q(static_cast<size_t>(heads * head_dim)), out(q.size());  // [heads, dim]
   for (float& x : q) x = normal(rng);
   const float scale = 0.125f;

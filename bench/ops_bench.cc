@@ -306,49 +306,18 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// Decode products: Matvec (f32 path) and MatvecInt8 (integer path), from
-// DRAM and from L2.
-void RegisterMatvec() {
-  const auto& types = kDenseTypes;
-  const auto& block_types = kBlockTypes;
-  // Qwen2.5-0.5B: q/o proj, gate/up, down, tied LM head.
-  const Shape shapes[] = {{896, 896}, {4864, 896}, {896, 4864}, {151936, 896}};
-  for (const Shape& s : shapes) {
-    for (WeightType t : types) {
-      for (int threads : {1, 2}) {
-        if (t == WeightType::kQ8_0) {
-          const std::string name = std::string("MatvecInt8/q8_0/") + std::to_string(s.rows) + "x" +
-                                   std::to_string(s.cols);
-          benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, true)
-              ->Arg(threads)
-              ->ArgName("threads")
-              ->UseManualTime();
-        }
-        const std::string name = std::string("Matvec/") + WeightTypeName(t) + "/" +
-                                 std::to_string(s.rows) + "x" + std::to_string(s.cols);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, false)
-            ->Arg(threads)
-            ->ArgName("threads")
-            ->UseManualTime();
-      }
-    }
-  }
-  for (WeightType t : types) {
-    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
-                                 BM_MatvecL2, t, 576, 1536, false);
-  }
-  // Each block type's exact f32 path, then its integer path (MatvecInt8L2).
-  for (WeightType t : {WeightType::kQ8_0}) {
-    benchmark::RegisterBenchmark((std::string("MatvecInt8L2/") + WeightTypeName(t)).c_str(),
-                                 BM_MatvecL2, t, 576, 1536, true);
-  }
-  for (WeightType t : block_types) {
-    for (bool int8 : {false, true}) {
-      benchmark::RegisterBenchmark(
-          (std::string(int8 ? "MatvecInt8L2/" : "MatvecL2/") + WeightTypeName(t)).c_str(),
-          BM_MatvecL2, t, 576, 1536, int8);
-    }
-  }
+// Matvec or MatvecInt8 of one type and shape at `threads`.
+void RegisterMatvecAt(const std::string& name, WeightType t, const Shape& s, bool int8,
+                      int threads) {
+  benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, int8)
+      ->Arg(threads)
+      ->ArgName("threads")
+      ->UseManualTime();
+}
+
+// The integer batch path by rows per step, beside the packed GEMM it hands
+// over to.
+void RegisterMatvecBatch() {
   for (WeightType t : {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kQ8_0}) {
     benchmark::RegisterBenchmark(
         (std::string("MatvecInt8Batch/") + WeightTypeName(t) + "/1536x1536").c_str(),
@@ -376,6 +345,46 @@ void RegisterMatvec() {
         ->Args({64, 1})
         ->UseManualTime();
   }
+}
+
+// Decode products: Matvec (f32 path) and MatvecInt8 (integer path), from
+// DRAM and from L2.
+void RegisterMatvec() {
+  const auto& types = kDenseTypes;
+  const auto& block_types = kBlockTypes;
+  // Qwen2.5-0.5B: q/o proj, gate/up, down, tied LM head.
+  const Shape shapes[] = {{896, 896}, {4864, 896}, {896, 4864}, {151936, 896}};
+  for (const Shape& s : shapes) {
+    for (WeightType t : types) {
+      for (int threads : {1, 2}) {
+        if (t == WeightType::kQ8_0) {
+          RegisterMatvecAt(std::string("MatvecInt8/q8_0/") + std::to_string(s.rows) + "x" +
+                               std::to_string(s.cols),
+                           t, s, true, threads);
+        }
+        RegisterMatvecAt(std::string("Matvec/") + WeightTypeName(t) + "/" + std::to_string(s.rows) +
+                             "x" + std::to_string(s.cols),
+                         t, s, false, threads);
+      }
+    }
+  }
+  for (WeightType t : types) {
+    benchmark::RegisterBenchmark((std::string("MatvecL2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536, false);
+  }
+  // Each block type's exact f32 path, then its integer path (MatvecInt8L2).
+  for (WeightType t : {WeightType::kQ8_0}) {
+    benchmark::RegisterBenchmark((std::string("MatvecInt8L2/") + WeightTypeName(t)).c_str(),
+                                 BM_MatvecL2, t, 576, 1536, true);
+  }
+  for (WeightType t : block_types) {
+    for (bool int8 : {false, true}) {
+      benchmark::RegisterBenchmark(
+          (std::string(int8 ? "MatvecInt8L2/" : "MatvecL2/") + WeightTypeName(t)).c_str(),
+          BM_MatvecL2, t, 576, 1536, int8);
+    }
+  }
+  RegisterMatvecBatch();
   // The block types at the real models' shapes: SmolLM2-135M (hidden 576,
   // ffn 1536) and Qwen2.5-0.5B (896, 4864); K-quants only where cols is a
   // multiple of 256.
@@ -385,13 +394,9 @@ void RegisterMatvec() {
       if (s.cols % BlockSize(t) != 0) continue;
       for (bool int8 : {false, true}) {
         for (int threads : {1, 2}) {
-          const std::string name = std::string(int8 ? "MatvecInt8/" : "Matvec/") +
-                                   WeightTypeName(t) + "/" + std::to_string(s.rows) + "x" +
-                                   std::to_string(s.cols);
-          benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, t, s.rows, s.cols, int8)
-              ->Arg(threads)
-              ->ArgName("threads")
-              ->UseManualTime();
+          RegisterMatvecAt(std::string(int8 ? "MatvecInt8/" : "Matvec/") + WeightTypeName(t) + "/" +
+                               std::to_string(s.rows) + "x" + std::to_string(s.cols),
+                           t, s, int8, threads);
         }
       }
     }

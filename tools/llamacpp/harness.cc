@@ -95,6 +95,19 @@ llama_model* LoadModel(const char* path) {
   return model;
 }
 
+// One batch holds the whole prompt (n_ctx tokens), so a prompt runs in one
+// forward call as kvq's does.
+llama_context_params WholePromptParams(uint32_t n_ctx, int threads, bool fa_off) {
+  llama_context_params cparams = llama_context_default_params();
+  cparams.n_ctx = n_ctx;
+  cparams.n_batch = n_ctx;
+  cparams.n_ubatch = n_ctx;
+  cparams.n_threads = threads;
+  cparams.n_threads_batch = threads;
+  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  return cparams;
+}
+
 int Load(const char* path) {
   llama_model* model = LoadModel(path);
   if (model == nullptr) return 1;
@@ -131,13 +144,8 @@ int Logits(int argc, char** argv) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   const int n_tokens = static_cast<int>(tokens.size());
 
-  llama_context_params cparams = llama_context_default_params();
-  cparams.n_ctx = static_cast<uint32_t>(n_tokens < 64 ? 64 : n_tokens);
-  cparams.n_batch = cparams.n_ctx;
-  cparams.n_ubatch = cparams.n_ctx;
-  cparams.n_threads = threads;
-  cparams.n_threads_batch = threads;
-  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  llama_context_params cparams =
+      WholePromptParams(static_cast<uint32_t>(n_tokens < 64 ? 64 : n_tokens), threads, fa_off);
   // f32 cache: the comparison is about the forward pass, not cache rounding.
   cparams.type_k = GGML_TYPE_F32;
   cparams.type_v = GGML_TYPE_F32;
@@ -224,13 +232,8 @@ int Greedy(int argc, char** argv) {
   if (model == nullptr) return 1;
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   const int n_prompt = static_cast<int>(tokens.size());
-  llama_context_params cparams = llama_context_default_params();
-  cparams.n_ctx = static_cast<uint32_t>(n_prompt + n_generate + 16);
-  cparams.n_batch = cparams.n_ctx;
-  cparams.n_ubatch = cparams.n_ctx;
-  cparams.n_threads = threads;
-  cparams.n_threads_batch = threads;
-  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  llama_context_params cparams =
+      WholePromptParams(static_cast<uint32_t>(n_prompt + n_generate + 16), threads, fa_off);
   llama_context* ctx = llama_init_from_model(model, cparams);
   if (ctx == nullptr) {
     std::fprintf(stderr, "harness: cannot create context\n");
@@ -501,13 +504,8 @@ int Dump(int argc, char** argv) {
   llama_model* model = LoadModel(model_path);
   if (model == nullptr) return 1;
   const int n_tokens = static_cast<int>(tokens.size());
-  llama_context_params cparams = llama_context_default_params();
-  cparams.n_ctx = static_cast<uint32_t>(n_tokens < 64 ? 64 : n_tokens);
-  cparams.n_batch = cparams.n_ctx;
-  cparams.n_ubatch = cparams.n_ctx;
-  cparams.n_threads = threads;
-  cparams.n_threads_batch = threads;
-  if (fa_off) cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  llama_context_params cparams =
+      WholePromptParams(static_cast<uint32_t>(n_tokens < 64 ? 64 : n_tokens), threads, fa_off);
   cparams.type_k = f16_cache ? GGML_TYPE_F16 : GGML_TYPE_F32;
   cparams.type_v = cparams.type_k;
   cparams.cb_eval = DumpCallback;

@@ -114,34 +114,33 @@ class HttpServerTest : public LiveServerTest {
   // socket: a token of this model takes milliseconds (its 151K-token output
   // projection), so 230 tokens take well over a second.
   static constexpr int kMaxTokens = 230;
+
+  // The request stops before its last token, is counted as cancelled, and its
+  // blocks are free soon after the client closes.
+  void ExpectCancelledAndFreed(bool stream) {
+    const double seconds = SecondsToFreeAfterDisconnect(stream);
+    ASSERT_GE(seconds, 0) << "blocks never freed:\n" << Metrics();
+    const std::string m = Metrics();
+    EXPECT_LT(Metric(m, "kvq_generation_tokens_total"), kMaxTokens) << m;
+    EXPECT_NE(m.find("kvq_request_success_total{finished_reason=\"cancelled\"} 1\n"),
+              std::string::npos)
+        << m;
+    // Detection polls every 50 ms and the engine drops the request at its next
+    // step (milliseconds); 2 s leaves room for a shared, loaded core.
+    EXPECT_LT(seconds, 2.0);
+    std::printf("blocks free %.3f s after the client closed (%s)\n", seconds,
+                stream ? "streaming" : "non-streaming");
+  }
 };
 
 // Non-streaming: nothing is written until the end, so only the socket tells
 // the server its client has gone; the request must not run to completion.
 TEST_F(HttpServerTest, ClosedNonStreamingRequestIsCancelledAndFreed) {
-  const double seconds = SecondsToFreeAfterDisconnect(/*stream=*/false);
-  ASSERT_GE(seconds, 0) << "blocks never freed:\n" << Metrics();
-  const std::string m = Metrics();
-  EXPECT_LT(Metric(m, "kvq_generation_tokens_total"), kMaxTokens) << m;
-  EXPECT_NE(m.find("kvq_request_success_total{finished_reason=\"cancelled\"} 1\n"),
-            std::string::npos)
-      << m;
-  // Detection polls every 50 ms and the engine drops the request at its next
-  // step (milliseconds); 2 s leaves room for a shared, loaded core.
-  EXPECT_LT(seconds, 2.0);
-  std::printf("blocks free %.3f s after the client closed (non-streaming)\n", seconds);
+  ExpectCancelledAndFreed(/*stream=*/false);
 }
 
 TEST_F(HttpServerTest, ClosedStreamIsCancelledAndFreed) {
-  const double seconds = SecondsToFreeAfterDisconnect(/*stream=*/true);
-  ASSERT_GE(seconds, 0) << "blocks never freed:\n" << Metrics();
-  const std::string m = Metrics();
-  EXPECT_LT(Metric(m, "kvq_generation_tokens_total"), kMaxTokens) << m;
-  EXPECT_NE(m.find("kvq_request_success_total{finished_reason=\"cancelled\"} 1\n"),
-            std::string::npos)
-      << m;
-  EXPECT_LT(seconds, 2.0);
-  std::printf("blocks free %.3f s after the client closed (streaming)\n", seconds);
+  ExpectCancelledAndFreed(/*stream=*/true);
 }
 
 // The plain routes over the same raw-socket client.

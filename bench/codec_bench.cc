@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,24 +24,53 @@ namespace {
 constexpr int64_t kRotateBytes = int64_t{256} << 20;
 constexpr int64_t kRows = 16384;
 
-void BM_Codec(benchmark::State& state, const std::string& name, int64_t dim, int64_t group,
-              bool values) {
+// `n` rows of N(0, 1) values, the codec calibrated on them, and their codes;
+// no codec (and the benchmark skipped) when the name does not parse.
+struct EncodedRows {
+  std::unique_ptr<KvCodec> codec;
+  std::vector<uint8_t> rows;  // [n, row bytes]
+};
+
+EncodedRows EncodeRandomRows(benchmark::State& state, const std::string& name, int64_t dim,
+                             int64_t n) {
   auto parsed = ParseKvCodec(name, dim);
   if (!parsed.ok()) {
     state.SkipWithError(parsed.status().message().c_str());
-    return;
+    return {};
   }
-  KvCodec& codec = **parsed;
+  EncodedRows out{std::move(*parsed), {}};
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(kRows * dim));  // [kRows, dim]
+  std::vector<float> x(static_cast<size_t>(n * dim));  // [n, dim]
   for (float& v : x) v = normal(rng);
-  codec.Calibrate(x.data(), kRows);
-  const int64_t bytes = kRows * static_cast<int64_t>(codec.RowBytes());
+  out.codec->Calibrate(x.data(), n);
+  out.rows.resize(static_cast<size_t>(n) * out.codec->RowBytes());
+  out.codec->Encode(x.data(), n, out.rows.data());
+  return out;
+}
+
+// The kernel under test over `n` rows: AccumulateV into acc [group, dim], or
+// Scores into scores [group, n].
+void RunKernel(const KvCodec& codec, const uint8_t* rows, int64_t n, int64_t group, bool values,
+               const float* q, float* scores, float* acc) {
+  if (values) {
+    codec.AccumulateV(rows, n, scores, group, n, acc);
+    benchmark::DoNotOptimize(acc);
+  } else {
+    codec.Scores(rows, n, q, group, 0.125f, scores, n);
+    benchmark::DoNotOptimize(scores);
+  }
+}
+
+void BM_Codec(benchmark::State& state, const std::string& name, int64_t dim, int64_t group,
+              bool values) {
+  EncodedRows encoded = EncodeRandomRows(state, name, dim, kRows);
+  if (!encoded.codec) return;
+  const int64_t bytes = static_cast<int64_t>(encoded.rows.size());
   const int64_t copies = std::max<int64_t>(1, kRotateBytes / bytes);
   std::vector<uint8_t> rows(static_cast<size_t>(copies * bytes));  // [copies, kRows, row bytes]
-  codec.Encode(x.data(), kRows, rows.data());
-  for (int64_t k = 1; k < copies; ++k) std::memcpy(rows.data() + k * bytes, rows.data(), bytes);
+  for (int64_t k = 0; k < copies; ++k)
+    std::memcpy(rows.data() + k * bytes, encoded.rows.data(), bytes);
 
   std::vector<float> q(static_cast<size_t>(group * dim), 0.1f);                 // [group, dim]
   std::vector<float> scores(static_cast<size_t>(group * kRows), 1.0f / kRows);  // [group, kRows]
@@ -53,13 +83,7 @@ void BM_Codec(benchmark::State& state, const std::string& name, int64_t dim, int
   for (auto _ : state) {
     const uint8_t* tile = rows.data() + (k++ % copies) * bytes;
     const auto t0 = std::chrono::steady_clock::now();
-    if (values) {
-      codec.AccumulateV(tile, kRows, scores.data(), group, kRows, acc.data());
-      benchmark::DoNotOptimize(acc.data());
-    } else {
-      codec.Scores(tile, kRows, q.data(), group, 0.125f, scores.data(), kRows);
-      benchmark::DoNotOptimize(scores.data());
-    }
+    RunKernel(*encoded.codec, tile, kRows, group, values, q.data(), scores.data(), acc.data());
     const auto t1 = std::chrono::steady_clock::now();
     if (offset + window > probe_words) offset = 0;
     benchmark::DoNotOptimize(SumWords(probe.data() + offset, window));
@@ -83,30 +107,14 @@ void BM_Codec(benchmark::State& state, const std::string& name, int64_t dim, int
 void BM_CodecHot(benchmark::State& state, const std::string& name, int64_t dim, int64_t group,
                  bool values) {
   constexpr int64_t kHotRows = 1024;
-  auto parsed = ParseKvCodec(name, dim);
-  if (!parsed.ok()) {
-    state.SkipWithError(parsed.status().message().c_str());
-    return;
-  }
-  KvCodec& codec = **parsed;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(kHotRows * dim));  // [kHotRows, dim]
-  for (float& v : x) v = normal(rng);
-  codec.Calibrate(x.data(), kHotRows);
-  std::vector<uint8_t> rows(static_cast<size_t>(kHotRows) * codec.RowBytes());
-  codec.Encode(x.data(), kHotRows, rows.data());
+  EncodedRows encoded = EncodeRandomRows(state, name, dim, kHotRows);
+  if (!encoded.codec) return;
   std::vector<float> q(static_cast<size_t>(group * dim), 0.1f);             // [group, dim]
   std::vector<float> scores(static_cast<size_t>(group * kHotRows), 1e-3f);  // [group, kHotRows]
   std::vector<float> acc(static_cast<size_t>(group * dim), 0.0f);           // [group, dim]
   for (auto _ : state) {
-    if (values) {
-      codec.AccumulateV(rows.data(), kHotRows, scores.data(), group, kHotRows, acc.data());
-      benchmark::DoNotOptimize(acc.data());
-    } else {
-      codec.Scores(rows.data(), kHotRows, q.data(), group, 0.125f, scores.data(), kHotRows);
-      benchmark::DoNotOptimize(scores.data());
-    }
+    RunKernel(*encoded.codec, encoded.rows.data(), kHotRows, group, values, q.data(), scores.data(),
+              acc.data());
   }
   state.counters["rows"] =
       benchmark::Counter(static_cast<double>(kHotRows) * static_cast<double>(state.iterations()),

@@ -7,25 +7,20 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 namespace kvq {
 
 StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::Error(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status::Error(path + ": cannot stat: " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::Error(path + ": not a regular file");
-  }
+  // A model file may be as large as the address space allows: the map reads
+  // only what is used. The checks (regular file, no wait for a FIFO's writer)
+  // are the text readers'.
+  size_t size = 0;
+  KVQ_ASSIGN_OR_RETURN(const int fd,
+                       OpenRegularFile(path, std::numeric_limits<size_t>::max(), &size));
   std::unique_ptr<MappedFile> file(new MappedFile());
   file->path_ = path;
-  file->size_ = static_cast<size_t>(st.st_size);
+  file->size_ = size;
   if (file->size_ > 0) {
     void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {

@@ -1,11 +1,16 @@
 #include "io/sha256.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
+
+#include "io/mapped_file.h"
 
 namespace kvq {
 namespace {
@@ -96,15 +101,23 @@ std::string Sha256Hex(std::string_view data) {
 }
 
 StatusOr<std::string> Sha256File(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  size_t size = 0;  // a file of any size is hashed as a stream
+  KVQ_ASSIGN_OR_RETURN(const int fd,
+                       OpenRegularFile(path, std::numeric_limits<size_t>::max(), &size));
   Sha256 h;
   std::vector<unsigned char> buf(1 << 16);
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.Update(buf.data(), n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) return Status::Error(path + ": read failed");
+  while (true) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::Error(path + ": read failed: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    h.Update(buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
   return h.HexDigest();
 }
 

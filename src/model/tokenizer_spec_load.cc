@@ -4,7 +4,6 @@
 // types are checked before every access).
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -288,6 +287,13 @@ Status ReadTokenizerConfig(std::string_view text, const std::string& name,
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) { return ReadTextFile(path); }
 
+// Whether an optional file is there, by stat: opening it to find out would
+// wait forever on a FIFO (ReadTextFile then refuses what is not a regular file).
+bool PathExists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
 // model.vocab and added_tokens into spec.tokens and spec.token_types (added
 // tokens override: they are matched as literal text before BPE). Ids may
 // have holes; they are bounded by the entry count so a hostile file cannot
@@ -493,7 +499,7 @@ StatusOr<TokenizerSpec> TokenizerSpecFromHfFolder(const std::string& dir) {
   const std::string config_path = dir + "/tokenizer_config.json";
   KVQ_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(json_path));
   std::string config;
-  if (std::ifstream(config_path).good()) {
+  if (PathExists(config_path)) {
     KVQ_ASSIGN_OR_RETURN(config, ReadWholeFile(config_path));
   }
   auto spec = TokenizerSpecFromHfJson(text, config, json_path);
@@ -509,7 +515,7 @@ StatusOr<TokenizerSpec> TokenizerSpecFromHfFolder(const std::string& dir) {
   // Newer Hugging Face folders keep the template in its own file.
   if (spec->chat_template.empty()) {
     const std::string jinja_path = dir + "/chat_template.jinja";
-    if (std::ifstream(jinja_path).good()) {
+    if (PathExists(jinja_path)) {
       KVQ_ASSIGN_OR_RETURN(spec->chat_template, ReadWholeFile(jinja_path));
     }
   }

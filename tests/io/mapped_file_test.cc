@@ -1,5 +1,7 @@
 // ReadTextFile: whole files byte for byte; a missing path or a directory is an
 // error that names the path (kvq perplexity/calibrate/tune/study read -f with it).
+// MappedFile (model weights) and Sha256File (data and calibration files) open
+// with the same checks.
 #include "io/mapped_file.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include "io/sha256.h"
 
 namespace kvq {
 namespace {
@@ -69,6 +73,38 @@ TEST(ReadTextFile, RefusesWhatIsNotABoundedRegularFile) {
   ASSERT_FALSE(limited.ok());
   EXPECT_NE(limited.status().message().find("1001 bytes"), std::string::npos);
   EXPECT_TRUE(ReadTextFile(big, 1001).ok());
+  fs::remove_all(dir);
+}
+
+// A model path or a hashed data file that is a FIFO, device or directory is
+// refused at once: MappedFile used to open a FIFO without O_NONBLOCK and
+// wait for a writer forever (`kvq generate -m FIFO` hung).
+TEST(MappedFile, RefusesWhatIsNotARegularFileWithoutWaiting) {
+  const fs::path dir = fs::path(KVQ_BINARY_DIR) / ("map_bounded_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const struct {
+    std::string path, says;
+  } cases[] = {{fifo, "is a FIFO"},
+               {dir.string(), "is a directory"},
+               {"/dev/zero", "is a character device"}};
+  for (const auto& c : cases) {
+    auto mapped = MappedFile::Open(c.path);
+    ASSERT_FALSE(mapped.ok()) << c.path;
+    EXPECT_NE(mapped.status().message().find(c.says), std::string::npos)
+        << mapped.status().message();
+    auto digest = Sha256File(c.path);
+    ASSERT_FALSE(digest.ok()) << c.path;
+    EXPECT_NE(digest.status().message().find(c.says), std::string::npos)
+        << digest.status().message();
+  }
+  const std::string file = (dir / "weights.bin").string();
+  std::ofstream(file) << "abc";
+  auto mapped = MappedFile::Open(file);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().message();
+  ASSERT_EQ((*mapped)->size(), 3u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*mapped)->data()), 3), "abc");
   fs::remove_all(dir);
 }
 

@@ -46,6 +46,7 @@ expect_error "perplexity -f /dev/zero" "not a regular file" "$KVQ" perplexity -m
 expect_error "perplexity -f /dev/urandom" "not a regular file" "$KVQ" perplexity -m "$MODEL" -f /dev/urandom -t 1
 mkfifo "$WORK/fifo"
 expect_error "perplexity -f FIFO" "FIFO" "$KVQ" perplexity -m "$MODEL" -f "$WORK/fifo" -t 1
+expect_error "generate -m FIFO" "FIFO" "$KVQ" generate -m "$WORK/fifo" -p hi -n 1 -t 1
 mkdir -p "$WORK/policy-dir"
 expect_error "--kv-policy DIR" "directory" "$KVQ" generate -m "$MODEL" -p hi -n 1 -t 1 --kv-policy "$WORK/policy-dir"
 

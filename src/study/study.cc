@@ -104,10 +104,14 @@ std::string DefaultCalibrationTextPath(const std::string& study_text_path) {
   return DefaultCorpusPath("valid.txt");
 }
 
-std::string DefaultCorpusPath(const std::string& name) {
+namespace {
+
+// The first of `relative` (from the working directory), the same path from
+// the checkout the binary was built in (bin/../..), and from the source folder
+// that is a regular file; "" when none is.
+std::filesystem::path FindFromCheckout(const std::filesystem::path& relative) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path relative = fs::path(".deps") / "corpus" / name;
   std::vector<fs::path> candidates = {relative};
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back(exe.parent_path() / "../.." / relative);
@@ -115,26 +119,26 @@ std::string DefaultCorpusPath(const std::string& name) {
   candidates.push_back(fs::path(KVQ_SOURCE_DIR) / relative);
 #endif
   for (const fs::path& c : candidates) {
-    if (fs::is_regular_file(c, ec))
-      return c == relative ? c.string() : fs::weakly_canonical(c, ec).string();
+    if (fs::is_regular_file(c, ec)) return c;
   }
-  return "";
+  return {};
+}
+
+}  // namespace
+
+std::string DefaultCorpusPath(const std::string& name) {
+  const std::filesystem::path relative = std::filesystem::path(".deps") / "corpus" / name;
+  const std::filesystem::path found = FindFromCheckout(relative);
+  std::error_code ec;
+  if (found.empty() || found == relative) return found.string();
+  return std::filesystem::weakly_canonical(found, ec).string();
 }
 
 std::string DefaultGsm8kPath() {
-  namespace fs = std::filesystem;
+  const std::filesystem::path found =
+      FindFromCheckout(std::filesystem::path("..") / "shared" / "data" / "gsm8k" / "test.jsonl");
   std::error_code ec;
-  const fs::path relative = fs::path("..") / "shared" / "data" / "gsm8k" / "test.jsonl";
-  std::vector<fs::path> candidates = {relative};
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.parent_path() / "../.." / relative);
-#ifdef KVQ_SOURCE_DIR
-  candidates.push_back(fs::path(KVQ_SOURCE_DIR) / relative);
-#endif
-  for (const fs::path& c : candidates) {
-    if (fs::is_regular_file(c, ec)) return fs::weakly_canonical(c, ec).string();
-  }
-  return "";
+  return found.empty() ? "" : std::filesystem::weakly_canonical(found, ec).string();
 }
 
 Json JsonNumber(double x) { return std::isfinite(x) ? Json(x) : Json(nullptr); }

@@ -269,6 +269,26 @@ TEST_F(StudyTest, PasskeyPromptHasTheRequestedLengthAndNeedle) {
   EXPECT_FALSE(BuildPasskeyPrompt(model_, Tokens(50), 150, 0.5, "48213").ok());  // text short
 }
 
+// The default inputs are found from the source checkout when they are there
+// (this test runs with the build folder as its working directory), and a
+// name that is nowhere gives "" rather than a path that does not exist.
+TEST(StudyDefaultPathsTest, FindsTheCheckoutsFilesAndNothingElse) {
+  namespace fs = std::filesystem;
+  EXPECT_EQ(DefaultCorpusPath("no-such-split.txt"), "");
+  const fs::path corpus = fs::path(KVQ_SOURCE_DIR) / ".deps" / "corpus" / "test.txt";
+  const fs::path gsm8k =
+      fs::path(KVQ_SOURCE_DIR) / ".." / "shared" / "data" / "gsm8k" / "test.jsonl";
+  int checked = 0;
+  for (const auto& [found, expected] :
+       {std::pair{DefaultCorpusPath("test.txt"), corpus}, std::pair{DefaultGsm8kPath(), gsm8k}}) {
+    if (!fs::is_regular_file(expected)) continue;
+    ASSERT_FALSE(found.empty()) << expected;
+    EXPECT_TRUE(fs::equivalent(found, expected)) << found << " vs " << expected;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "neither .deps/corpus nor ../shared/data is set up";
+}
+
 TEST(StudyPasskeyTest, AnswerMustMatchTheFirstDigits) {
   EXPECT_TRUE(PasskeyAnswerCorrect(" 48213. Remember", "48213"));
   EXPECT_TRUE(PasskeyAnswerCorrect("48213", "48213"));

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 namespace kvq {
@@ -96,6 +97,15 @@ StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes) {
   ::close(fd);
   out.resize(got);
   return out;
+}
+
+Status WriteTextFile(const std::string& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
+  return Status::Ok();
 }
 
 }  // namespace kvq

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
@@ -41,5 +42,10 @@ StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes = k
 // reading, regular, at most `max_bytes`. Returns the descriptor (the caller
 // closes it); `*size` gets the size.
 StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size);
+
+// Writes `text` as the whole of `path` (created or truncated). Errors name the
+// path and the reason, a full disk included: the check comes after the close,
+// where a buffered write would otherwise fail unseen.
+Status WriteTextFile(const std::string& path, std::string_view text);
 
 }  // namespace kvq

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "base/fp16.h"
+#include "io/mapped_file.h"
 #include "io/safetensors.h"
 #include "model/gguf_config.h"
 #include "model/hf_config.h"
@@ -307,11 +307,7 @@ Status WriteSynthHfFolder(const ModelConfig& config, const SynthOptions& options
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return Status::Error(out_dir + ": cannot create directory: " + ec.message());
   const std::string config_path = (std::filesystem::path(out_dir) / "config.json").string();
-  {
-    std::ofstream out(config_path, std::ios::trunc);
-    out << HfConfigJson(config);
-    if (!out) return Status::Error(config_path + ": write failed");
-  }
+  KVQ_RETURN_IF_ERROR(WriteTextFile(config_path, HfConfigJson(config)));
   SafetensorsWriter w;
   w.SetMetadata("format", "pt");
   for (const ExpectedTensor& t : ExpectedTensors(config)) {

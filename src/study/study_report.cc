@@ -4,16 +4,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "io/mapped_file.h"
 #include "study/study.h"
 #include "study/study_report_internal.h"
 #include "study/study_report_json.h"
@@ -642,12 +640,7 @@ StatusOr<std::string> RenderStudyReportHtml(const json& study) {
 
 Status WriteStudyReport(const json& study, const std::string& path) {
   KVQ_ASSIGN_OR_RETURN(std::string html, RenderStudyReportHtml(study));
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
-  out.write(html.data(), static_cast<std::streamsize>(html.size()));
-  out.close();
-  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
-  return Status::Ok();
+  return WriteTextFile(path, html);
 }
 
 }  // namespace kvq

@@ -2,14 +2,12 @@
 // Every chart draws all models at once, each value tagged with its model,
 // from the same JSON fields the single-study report reads.
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "io/mapped_file.h"
 #include "study/study_report_internal.h"
 #include "study/study_report_json.h"
 
@@ -434,12 +432,7 @@ StatusOr<std::string> RenderComparisonReportHtml(const std::vector<json>& studie
 
 Status WriteComparisonReport(const std::vector<json>& studies, const std::string& path) {
   KVQ_ASSIGN_OR_RETURN(std::string html, RenderComparisonReportHtml(studies));
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
-  out.write(html.data(), static_cast<std::streamsize>(html.size()));
-  out.close();
-  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
-  return Status::Ok();
+  return WriteTextFile(path, html);
 }
 
 }  // namespace kvq

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "hwy/targets.h"
@@ -19,11 +18,7 @@ Status PrepareResultDir(const std::string& dir, const nlohmann::json& config) {
   const std::string path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(path, ec)) {
     const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << config.dump(1) << "\n";
-      if (!out) return Status::Error(tmp + ": write failed");
-    }
+    KVQ_RETURN_IF_ERROR(WriteTextFile(tmp, config.dump(1) + "\n"));
     fs::rename(tmp, path, ec);  // atomic: a half-written config never exists
     if (ec) return Status::Error(path + ": " + ec.message());
     return Status::Ok();

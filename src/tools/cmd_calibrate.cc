@@ -4,7 +4,6 @@
 // (docs/export.md). eval/calibrate.h describes what is computed,
 // kv/kv_calibration.h the file.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,9 +56,8 @@ int Export(const CalibrateFlags& flags, const KvCalibration& c, const std::strin
   in.command = flags.command;
   auto json = HfCacheExportJson(in);
   if (!json.ok()) return CommandError("calibrate", json.status().message());
-  std::ofstream out(flags.export_path);
-  out << *json;
-  if (!out) return CommandError("calibrate", flags.export_path + ": cannot write the export");
+  const Status written = WriteTextFile(flags.export_path, *json);
+  if (!written.ok()) return CommandError("calibrate", written.message());
   std::printf("transformers QuantizedCacheConfig for %s -> %s\n", flags.export_type.c_str(),
               flags.export_path.c_str());
   return 0;

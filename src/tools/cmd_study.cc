@@ -338,11 +338,7 @@ StatusOr<StudyOptions> CoreStudyOptions(const StudyFlags& flags, const ModelConf
 }
 
 Status WriteStudyJson(const nlohmann::json& study, const std::string& json_path) {
-  std::ofstream out(json_path);
-  if (!out) return Status::Error(json_path + ": cannot write the JSON");
-  out << study.dump(1) << "\n";
-  if (!out) return Status::Error(json_path + ": write failed");
-  return Status::Ok();
+  return WriteTextFile(json_path, study.dump(1) + "\n");
 }
 
 // One model's study; writes its JSON to `json_path`.

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -85,9 +84,8 @@ int ExportPolicy(const TuneFlags& flags, const LoadedModel& loaded, const std::s
   const bool hf = flags.export_args[0] == "hf";
   auto json = hf ? HfCacheExportJson(in) : VllmCacheExportJson(in, flags.scales);
   if (!json.ok()) return CommandError("tune", json.status().message());
-  std::ofstream exported(flags.export_args[1]);
-  exported << *json;
-  if (!exported) return CommandError("tune", flags.export_args[1] + ": cannot write the export");
+  const Status written = WriteTextFile(flags.export_args[1], *json);
+  if (!written.ok()) return CommandError("tune", written.message());
   std::printf("export:    %s (%s)\n", flags.export_args[1].c_str(),
               hf ? "transformers QuantizedCacheConfig" : "vLLM --kv-cache-dtype");
   return 0;
@@ -131,14 +129,14 @@ int RunTuneCommand(const TuneFlags& flags) {
   const TuneResult& r = *result;
 
   PrintFrontier(flags, loaded->path, r);
-  std::ofstream out(flags.output);
-  if (!out) return CommandError("tune", flags.output + ": cannot write the policy file");
-  out << "# kvq tune policy (use with --kv-policy " << flags.output << ")\n"
-      << "# " << flags.command << "\n"
-      << "# budget mean KL <= " << flags.kl_budget << "; measured KL " << r.best.measured_kl << ", "
-      << r.best.bytes_per_token << " B/token (f16 " << r.f16_bytes_per_token << ")\n"
-      << r.best.policy;
-  if (!out) return CommandError("tune", flags.output + ": write failed");
+  std::ostringstream policy;
+  policy << "# kvq tune policy (use with --kv-policy " << flags.output << ")\n"
+         << "# " << flags.command << "\n"
+         << "# budget mean KL <= " << flags.kl_budget << "; measured KL " << r.best.measured_kl
+         << ", " << r.best.bytes_per_token << " B/token (f16 " << r.f16_bytes_per_token << ")\n"
+         << r.best.policy;
+  const Status written = WriteTextFile(flags.output, policy.str());
+  if (!written.ok()) return CommandError("tune", written.message());
   std::printf("policy:    %s\n%s", flags.output.c_str(), r.best.policy.c_str());
   if (flags.export_args.empty()) return 0;
   return ExportPolicy(flags, *loaded, r.best.policy);

@@ -108,5 +108,29 @@ TEST(MappedFile, RefusesWhatIsNotARegularFileWithoutWaiting) {
   fs::remove_all(dir);
 }
 
+// Every output file goes through WriteTextFile: what it writes reads back
+// byte for byte, and a full disk (/dev/full) or a folder is an error naming
+// the reason, not a silently short file.
+TEST(WriteTextFile, WritesWholeFilesAndReportsFullDisks) {
+  const fs::path dir = fs::path(KVQ_BINARY_DIR) / ("write_text_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "out.json").string();
+  const std::string text = std::string(100000, 'k') + "\n";
+  ASSERT_TRUE(WriteTextFile(path, "a longer first version\n").ok());
+  ASSERT_TRUE(WriteTextFile(path, text).ok());
+  auto back = ReadTextFile(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back, text);
+  const Status full = WriteTextFile("/dev/full", "x");
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.message().find("/dev/full: write failed: No space left"), std::string::npos)
+      << full.message();
+  const Status folder = WriteTextFile(dir.string(), "x");
+  ASSERT_FALSE(folder.ok());
+  EXPECT_NE(folder.message().find("cannot open for writing"), std::string::npos)
+      << folder.message();
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvq

@@ -4,6 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "ops/rope.h"
 
 namespace kvq {
 
@@ -44,5 +48,14 @@ struct ModelConfig {
   // K and V bytes per token across all layers at 2 bytes per value.
   int64_t KvBytesPerTokenF16() const { return 2 * num_layers * num_kv_heads * head_dim * 2; }
 };
+
+// The model's RoPE in the kernels' terms: inverse frequencies with its scaling
+// applied, and its channel pairing. The transformer and the study's pre-RoPE
+// capture both take it from here, so they rotate alike.
+struct OpsRope {
+  std::vector<float> inv_freq;  // [head_dim / 2]
+  ops::RopeLayout layout = ops::RopeLayout::kHalves;
+};
+StatusOr<OpsRope> MakeOpsRope(const ModelConfig& c);
 
 }  // namespace kvq

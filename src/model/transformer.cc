@@ -131,18 +131,9 @@ StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int
     KVQ_ASSIGN_OR_RETURN(layer.v_bias, LoadVector(f, p + "attn_v.bias", kv_dim, c.attention_bias));
     w.layers.push_back(std::move(layer));
   }
-  ops::RopeScaling scaling;
-  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
-    scaling.kind = ops::RopeScaling::Kind::kLlama3;
-    scaling.factor = static_cast<float>(c.rope_scaling.factor);
-    scaling.low_freq_factor = static_cast<float>(c.rope_scaling.low_freq_factor);
-    scaling.high_freq_factor = static_cast<float>(c.rope_scaling.high_freq_factor);
-    scaling.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
-  }
-  KVQ_ASSIGN_OR_RETURN(model->inv_freq_,
-                       ops::RopeInvFreq(c.head_dim, static_cast<float>(c.rope_theta), scaling));
-  model->rope_layout_ =
-      c.rope_layout == RopeLayout::kPairs ? ops::RopeLayout::kPairs : ops::RopeLayout::kHalves;
+  KVQ_ASSIGN_OR_RETURN(OpsRope rope, MakeOpsRope(c));
+  model->inv_freq_ = std::move(rope.inv_freq);
+  model->rope_layout_ = rope.layout;
   // One decoded token's activations, allocated once here.
   model->act_.Resize(1, c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
                      c.intermediate_size);

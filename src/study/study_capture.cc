@@ -64,19 +64,9 @@ StatusOr<StudyCapture> CaptureKv(LoadedModel& model, const std::vector<int32_t>&
 }
 
 StatusOr<RopeApplier> MakeRopeApplier(const ModelConfig& c) {
-  // Same conversion as Transformer::Create (model config -> ops scaling).
-  ops::RopeScaling scaling;
-  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
-    scaling.kind = ops::RopeScaling::Kind::kLlama3;
-    scaling.factor = static_cast<float>(c.rope_scaling.factor);
-    scaling.low_freq_factor = static_cast<float>(c.rope_scaling.low_freq_factor);
-    scaling.high_freq_factor = static_cast<float>(c.rope_scaling.high_freq_factor);
-    scaling.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
-  }
-  KVQ_ASSIGN_OR_RETURN(std::vector<float> inv_freq,
-                       ops::RopeInvFreq(c.head_dim, static_cast<float>(c.rope_theta), scaling));
-  const ops::RopeLayout layout =
-      c.rope_layout == RopeLayout::kPairs ? ops::RopeLayout::kPairs : ops::RopeLayout::kHalves;
+  KVQ_ASSIGN_OR_RETURN(OpsRope rope, MakeOpsRope(c));
+  std::vector<float> inv_freq = std::move(rope.inv_freq);  // [head_dim / 2]
+  const ops::RopeLayout layout = rope.layout;
   const int64_t head_dim = c.head_dim;
   return RopeApplier([inv_freq, layout, head_dim](float* x, int64_t tokens, int64_t heads) {
     std::vector<int32_t> positions(tokens);  // [tokens]

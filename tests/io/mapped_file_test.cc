@@ -121,10 +121,12 @@ TEST(WriteTextFile, WritesWholeFilesAndReportsFullDisks) {
   auto back = ReadTextFile(path);
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(*back, text);
-  const Status full = WriteTextFile("/dev/full", "x");
-  ASSERT_FALSE(full.ok());
-  EXPECT_NE(full.message().find("/dev/full: write failed: No space left"), std::string::npos)
-      << full.message();
+  if (fs::exists("/dev/full")) {  // Linux's always-full device (a container may lack it)
+    const Status full = WriteTextFile("/dev/full", "x");
+    ASSERT_FALSE(full.ok());
+    EXPECT_NE(full.message().find("/dev/full: write failed: No space left"), std::string::npos)
+        << full.message();
+  }
   const Status folder = WriteTextFile(dir.string(), "x");
   ASSERT_FALSE(folder.ok());
   EXPECT_NE(folder.message().find("cannot open for writing"), std::string::npos)

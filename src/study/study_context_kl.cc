@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "eval/logits_file.h"
 #include "eval/perplexity.h"
 #include "eval/planner.h"
 #include "kv/kv_factory.h"
@@ -63,6 +64,18 @@ StatusOr<Json> MeasurePoint(LoadedModel& model, const std::string& text, const S
   point["seconds"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return point;
+}
+
+// Whether `path` holds the whole f16 log-probs of `windows` windows of
+// `length` tokens, as a run that stopped after its baseline leaves them. The
+// reader checks the file's size against its header, so a file cut short by a
+// killed run is remade; the scheme runs then check its tokens against theirs.
+bool BaselineComplete(const std::string& path, int64_t length, int64_t windows) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  auto reader = LogitsFileReader::Open(path);
+  return reader.ok() && (*reader)->header().n_ctx == length &&
+         (*reader)->header().n_windows == windows;
 }
 
 // The 2-bit scheme (nominal K and V bits at most 2) with the lowest mean KL
@@ -183,12 +196,17 @@ StatusOr<Json> RunContextKlStudy(LoadedModel& model, const std::string& text,
     for (const auto& d : done) missing = missing || d.count(length) == 0;
     if (!missing) continue;
     const int64_t windows = ContextKlWindows(length, o.positions, text_tokens);
-    // The f16 log-probs are scratch (about positions x vocabulary x 4 bytes),
-    // remade when a resumed run still needs them.
+    // The f16 log-probs are scratch (about positions x vocabulary x 4 bytes;
+    // 10 GB for one 32K window of a 152K vocabulary), kept until every scheme
+    // has its point at this length, so a resumed run reuses them, and remade
+    // when missing. Their name carries the SIMD target: a run resumed on a
+    // machine with other instructions remakes its own.
     const std::string baseline =
-        (fs::path(dir) / ("f16-" + std::to_string(length) + ".logprobs")).string();
+        (fs::path(dir) / ("f16-" + std::to_string(length) + "-" + SimdTargetName() + ".logprobs"))
+            .string();
     for (size_t s = 0; s < schemes.size(); ++s) {
       if (s > 0 && done[s].count(length)) continue;
+      if (s == 0 && done[0].count(length) && BaselineComplete(baseline, length, windows)) continue;
       p.length = length;
       p.scheme = schemes[s].name;
       if (progress) progress(p);

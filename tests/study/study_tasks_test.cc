@@ -587,6 +587,12 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   fs::remove(data_path);
 }
 
+int LogprobFiles(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".logprobs";
+  return n;
+}
+
 // KL by context length: f16 is the zero baseline, a 2-bit cache is not; a
 // rerun measures nothing, new lengths and schemes measure only themselves
 // (f16 re-runs for its log-probs without a second record), and another
@@ -654,7 +660,7 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   EXPECT_EQ(
       std::count(std::istreambuf_iterator<char>(f16_log), std::istreambuf_iterator<char>(), '\n'),
       3);
-  EXPECT_FALSE(fs::exists(dir + "/f16-96.logprobs"));  // scratch removed
+  EXPECT_EQ(LogprobFiles(dir), 0);  // scratch removed
 
   o.positions = 50;  // another configuration
   EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr).ok());
@@ -666,6 +672,58 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   o.lengths = {63};
   EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr).ok());
   EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"int2"}), o, dir, nullptr).ok());
+  fs::remove_all(dir);
+}
+
+// A run stopped after its f16 baseline (here by a scheme that cannot be built)
+// keeps the baseline's log-probs, and the next run measures the other schemes
+// against them instead of remaking them; a baseline file cut short is remade.
+TEST_F(StudyTasksTest, ContextKlReusesACompleteBaselineAfterAStop) {
+  const std::string dir = test_util::TestPath("study_tasks", "context_kl_reuse");
+  fs::remove_all(dir);
+  std::string text;
+  for (int i = 0; i < 1200; ++i) text += static_cast<char>('a' + (i * 5 + i / 11) % 26);
+  ContextKlOptions o;
+  o.lengths = {64};
+  o.positions = 60;
+  auto specs = [](std::vector<std::string> names) {
+    std::vector<SchemeSpec> out;
+    for (const std::string& n : names) out.push_back({n, n, n, false, ""});
+    return out;
+  };
+  std::vector<std::string> measured;
+  auto record = [&](const ContextKlProgress& p) {
+    if (p.done < p.total) measured.push_back(p.scheme);
+  };
+  EXPECT_FALSE(
+      RunContextKlStudy(model_, text, "digest", specs({"f16", "no-such-type"}), o, dir, record)
+          .ok());
+  EXPECT_EQ(measured, std::vector<std::string>({"f16", "no-such-type"}));
+  const std::string baseline = dir + "/f16-64-" + SimdTargetName() + ".logprobs";
+  ASSERT_TRUE(fs::exists(baseline));
+
+  measured.clear();
+  auto resumed = RunContextKlStudy(model_, text, "digest", specs({"f16", "int2"}), o, dir, record);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().message();
+  EXPECT_EQ(measured, std::vector<std::string>({"int2"}));  // f16 not remade
+  EXPECT_GT((*resumed)["schemes"][1]["points"][0]["kl_mean"].get<double>(), 0.0);
+  EXPECT_EQ(LogprobFiles(dir), 0);
+
+  // The same stop at another length, then the baseline loses its last byte:
+  // it is remade, and int4 measured against the remade one.
+  o.lengths = {96};
+  measured.clear();
+  EXPECT_FALSE(
+      RunContextKlStudy(model_, text, "digest", specs({"f16", "no-such-type"}), o, dir, record)
+          .ok());
+  const std::string cut = dir + "/f16-96-" + SimdTargetName() + ".logprobs";
+  ASSERT_TRUE(fs::exists(cut));
+  fs::resize_file(cut, fs::file_size(cut) - 1);
+  measured.clear();
+  auto remade = RunContextKlStudy(model_, text, "digest", specs({"f16", "int4"}), o, dir, record);
+  ASSERT_TRUE(remade.ok()) << remade.status().message();
+  EXPECT_EQ(measured, std::vector<std::string>({"f16", "int4"}));
+  EXPECT_EQ(LogprobFiles(dir), 0);
   fs::remove_all(dir);
 }
 

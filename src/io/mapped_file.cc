@@ -80,23 +80,30 @@ StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes) {
   // it is read is refused rather than followed.
   char extra;
   while (true) {
-    const ssize_t n = got < size ? ::read(fd, out.data() + got, size - got) : ::read(fd, &extra, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
+    const StatusOr<size_t> n = got < size ? ReadSome(fd, out.data() + got, size - got, path)
+                                          : ReadSome(fd, &extra, 1, path);
+    if (!n.ok()) {
       ::close(fd);
-      return Status::Error(path + ": read error: " + std::strerror(err));
+      return n.status();
     }
-    if (n == 0) break;
+    if (*n == 0) break;
     if (got >= size) {
       ::close(fd);
       return Status::Error(path + ": the file grew while it was read");
     }
-    got += static_cast<size_t>(n);
+    got += *n;
   }
   ::close(fd);
   out.resize(got);
   return out;
+}
+
+StatusOr<size_t> ReadSome(int fd, void* buf, size_t n, const std::string& path) {
+  while (true) {
+    const ssize_t got = ::read(fd, buf, n);
+    if (got >= 0) return static_cast<size_t>(got);
+    if (errno != EINTR) return Status::Error(path + ": read error: " + std::strerror(errno));
+  }
 }
 
 Status WriteTextFile(const std::string& path, std::string_view text) {

@@ -43,6 +43,10 @@ StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes = k
 // closes it); `*size` gets the size.
 StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size);
 
+// One read(2) of at most `n` bytes, retried when a signal interrupts it:
+// the bytes read, 0 at the end of the file, or an error naming `path`.
+StatusOr<size_t> ReadSome(int fd, void* buf, size_t n, const std::string& path);
+
 // Writes `text` as the whole of `path` (created or truncated). Errors name the
 // path and the reason, a full disk included: the check comes after the close,
 // where a buffered write would otherwise fail unseen.

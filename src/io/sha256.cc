@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -107,15 +106,13 @@ StatusOr<std::string> Sha256File(const std::string& path) {
   Sha256 h;
   std::vector<unsigned char> buf(1 << 16);
   while (true) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
+    const StatusOr<size_t> n = ReadSome(fd, buf.data(), buf.size(), path);
+    if (!n.ok()) {
       ::close(fd);
-      return Status::Error(path + ": read failed: " + std::strerror(err));
+      return n.status();
     }
-    if (n == 0) break;
-    h.Update(buf.data(), static_cast<size_t>(n));
+    if (*n == 0) break;
+    h.Update(buf.data(), *n);
   }
   ::close(fd);
   return h.HexDigest();

@@ -587,6 +587,13 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   fs::remove(data_path);
 }
 
+// Schemes named by their K and V type alike (f16, int2, ...).
+std::vector<SchemeSpec> Specs(const std::vector<std::string>& names) {
+  std::vector<SchemeSpec> out;
+  for (const std::string& n : names) out.push_back({n, n, n, false, ""});
+  return out;
+}
+
 int LogprobFiles(const std::string& dir) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".logprobs";
@@ -605,18 +612,13 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   ContextKlOptions o;
   o.lengths = {128, 64};
   o.positions = 100;
-  auto specs = [](std::vector<std::string> names) {
-    std::vector<SchemeSpec> out;
-    for (const std::string& n : names) out.push_back({n, n, n, false, ""});
-    return out;
-  };
   int64_t events = 0;
   ContextKlProgress last;
   auto count = [&](const ContextKlProgress& p) {
     ++events;
     last = p;
   };
-  auto first = RunContextKlStudy(model_, text, "digest", specs({"f16", "int2"}), o, dir, count);
+  auto first = RunContextKlStudy(model_, text, "digest", Specs({"f16", "int2"}), o, dir, count);
   ASSERT_TRUE(first.ok()) << first.status().message();
   const nlohmann::json& j = *first;
   EXPECT_EQ(j["lengths"], nlohmann::json({64, 128}));
@@ -644,7 +646,7 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   EXPECT_EQ(last.total, 4);
 
   events = 0;
-  auto again = RunContextKlStudy(model_, text, "digest", specs({"f16", "int2"}), o, dir, count);
+  auto again = RunContextKlStudy(model_, text, "digest", Specs({"f16", "int2"}), o, dir, count);
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_EQ(events, 1);  // only the final report
   EXPECT_EQ((*again)["schemes"], j["schemes"]);
@@ -652,7 +654,7 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   o.lengths = {64, 96, 128};
   events = 0;
   auto longer =
-      RunContextKlStudy(model_, text, "digest", specs({"f16", "int2", "int4"}), o, dir, count);
+      RunContextKlStudy(model_, text, "digest", Specs({"f16", "int2", "int4"}), o, dir, count);
   ASSERT_TRUE(longer.ok()) << longer.status().message();
   EXPECT_EQ(events, 3 * 2 + 1 + 1);  // f16 + int4 at 64 and 128, all three at 96
   EXPECT_EQ((*longer)["schemes"][1]["points"][0], int2["points"][0]);
@@ -663,15 +665,15 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   EXPECT_EQ(LogprobFiles(dir), 0);  // scratch removed
 
   o.positions = 50;  // another configuration
-  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr).ok());
+  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", Specs({"f16"}), o, dir, nullptr).ok());
   o.positions = 100;
   o.lengths = {1000};  // beyond the model's 640
-  auto too_long = RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr);
+  auto too_long = RunContextKlStudy(model_, text, "digest", Specs({"f16"}), o, dir, nullptr);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("640"), std::string::npos);
   o.lengths = {63};
-  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"f16"}), o, dir, nullptr).ok());
-  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", specs({"int2"}), o, dir, nullptr).ok());
+  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", Specs({"f16"}), o, dir, nullptr).ok());
+  EXPECT_FALSE(RunContextKlStudy(model_, text, "digest", Specs({"int2"}), o, dir, nullptr).ok());
   fs::remove_all(dir);
 }
 
@@ -686,24 +688,19 @@ TEST_F(StudyTasksTest, ContextKlReusesACompleteBaselineAfterAStop) {
   ContextKlOptions o;
   o.lengths = {64};
   o.positions = 60;
-  auto specs = [](std::vector<std::string> names) {
-    std::vector<SchemeSpec> out;
-    for (const std::string& n : names) out.push_back({n, n, n, false, ""});
-    return out;
-  };
   std::vector<std::string> measured;
   auto record = [&](const ContextKlProgress& p) {
     if (p.done < p.total) measured.push_back(p.scheme);
   };
   EXPECT_FALSE(
-      RunContextKlStudy(model_, text, "digest", specs({"f16", "no-such-type"}), o, dir, record)
+      RunContextKlStudy(model_, text, "digest", Specs({"f16", "no-such-type"}), o, dir, record)
           .ok());
   EXPECT_EQ(measured, std::vector<std::string>({"f16", "no-such-type"}));
   const std::string baseline = dir + "/f16-64-" + SimdTargetName() + ".logprobs";
   ASSERT_TRUE(fs::exists(baseline));
 
   measured.clear();
-  auto resumed = RunContextKlStudy(model_, text, "digest", specs({"f16", "int2"}), o, dir, record);
+  auto resumed = RunContextKlStudy(model_, text, "digest", Specs({"f16", "int2"}), o, dir, record);
   ASSERT_TRUE(resumed.ok()) << resumed.status().message();
   EXPECT_EQ(measured, std::vector<std::string>({"int2"}));  // f16 not remade
   EXPECT_GT((*resumed)["schemes"][1]["points"][0]["kl_mean"].get<double>(), 0.0);
@@ -714,13 +711,13 @@ TEST_F(StudyTasksTest, ContextKlReusesACompleteBaselineAfterAStop) {
   o.lengths = {96};
   measured.clear();
   EXPECT_FALSE(
-      RunContextKlStudy(model_, text, "digest", specs({"f16", "no-such-type"}), o, dir, record)
+      RunContextKlStudy(model_, text, "digest", Specs({"f16", "no-such-type"}), o, dir, record)
           .ok());
   const std::string cut = dir + "/f16-96-" + SimdTargetName() + ".logprobs";
   ASSERT_TRUE(fs::exists(cut));
   fs::resize_file(cut, fs::file_size(cut) - 1);
   measured.clear();
-  auto remade = RunContextKlStudy(model_, text, "digest", specs({"f16", "int4"}), o, dir, record);
+  auto remade = RunContextKlStudy(model_, text, "digest", Specs({"f16", "int4"}), o, dir, record);
   ASSERT_TRUE(remade.ok()) << remade.status().message();
   EXPECT_EQ(measured, std::vector<std::string>({"f16", "int4"}));
   EXPECT_EQ(LogprobFiles(dir), 0);

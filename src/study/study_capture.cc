@@ -65,13 +65,11 @@ StatusOr<StudyCapture> CaptureKv(LoadedModel& model, const std::vector<int32_t>&
 
 StatusOr<RopeApplier> MakeRopeApplier(const ModelConfig& c) {
   KVQ_ASSIGN_OR_RETURN(OpsRope rope, MakeOpsRope(c));
-  std::vector<float> inv_freq = std::move(rope.inv_freq);  // [head_dim / 2]
-  const ops::RopeLayout layout = rope.layout;
   const int64_t head_dim = c.head_dim;
-  return RopeApplier([inv_freq, layout, head_dim](float* x, int64_t tokens, int64_t heads) {
+  return RopeApplier([rope = std::move(rope), head_dim](float* x, int64_t tokens, int64_t heads) {
     std::vector<int32_t> positions(tokens);  // [tokens]
     for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t);
-    ops::Rope(layout, inv_freq.data(), positions.data(), tokens, heads, head_dim, x);
+    ops::Rope(rope.layout, rope.inv_freq.data(), positions.data(), tokens, heads, head_dim, x);
   });
 }
 

@@ -337,10 +337,6 @@ StatusOr<StudyOptions> CoreStudyOptions(const StudyFlags& flags, const ModelConf
   return o;
 }
 
-Status WriteStudyJson(const nlohmann::json& study, const std::string& json_path) {
-  return WriteTextFile(json_path, study.dump(1) + "\n");
-}
-
 // One model's study; writes its JSON to `json_path`.
 StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string& model_path,
                                      const std::string& json_path) {
@@ -374,7 +370,7 @@ StatusOr<nlohmann::json> RunOneStudy(const StudyFlags& flags, const std::string&
   progress.Done();
   if (!result.ok()) return result.status();
   PrintStudyTables(*result);
-  KVQ_RETURN_IF_ERROR(WriteStudyJson(*result, json_path));
+  KVQ_RETURN_IF_ERROR(WriteTextFile(json_path, result->dump(1) + "\n"));
   std::printf("json: %s\n", json_path.c_str());
   if (!flags.dump.empty()) std::printf("dump: %s\n", flags.dump.c_str());
   return result;

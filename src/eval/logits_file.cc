@@ -192,15 +192,13 @@ StatusOr<std::unique_ptr<LogitsFileReader>> LogitsFileReader::Open(const std::st
   // A regular file only (not a FIFO or device): its size is checked against
   // the header before anything large is read.
   size_t file_bytes = 0;
-  KVQ_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, SIZE_MAX, &file_bytes));
+  KVQ_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, SIZE_MAX, &file_bytes));
   const uintmax_t size = file_bytes;
   std::unique_ptr<LogitsFileReader> r(new LogitsFileReader());
   r->path_ = path;
-  r->file_ = ::fdopen(fd, "rb");
-  if (r->file_ == nullptr) {
-    ::close(fd);
-    return Status::Error(path + ": cannot open: " + std::strerror(errno));
-  }
+  r->file_ = ::fdopen(fd.get(), "rb");
+  if (r->file_ == nullptr) return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  fd.Release();  // the FILE owns it now
   uint8_t head[kHeaderBytes];
   if (size >= 8 && std::fread(head, 1, 8, r->file_) == 8 &&
       std::memcmp(head, kLlamaMagic, 8) == 0) {

@@ -17,21 +17,16 @@ StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) 
   // only what is used. The checks (regular file, no wait for a FIFO's writer)
   // are the text readers'.
   size_t size = 0;
-  KVQ_ASSIGN_OR_RETURN(const int fd,
+  KVQ_ASSIGN_OR_RETURN(const UniqueFd fd,
                        OpenRegularFile(path, std::numeric_limits<size_t>::max(), &size));
   std::unique_ptr<MappedFile> file(new MappedFile());
   file->path_ = path;
   file->size_ = size;
   if (file->size_ > 0) {
-    void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return Status::Error(path + ": mmap failed: " + std::strerror(err));
-    }
+    void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (map == MAP_FAILED) return Status::Error(path + ": mmap failed: " + std::strerror(errno));
     file->data_ = static_cast<const uint8_t*>(map);
   }
-  ::close(fd);
   return file;
 }
 
@@ -39,18 +34,27 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size) {
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.Release();
+  }
+  return *this;
+}
+
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Status::Error(path + ": cannot open: " + std::strerror(errno));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) return Status::Error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status::Error(path + ": cannot stat: " + std::strerror(err));
+  if (::fstat(fd.get(), &st) != 0) {
+    return Status::Error(path + ": cannot stat: " + std::strerror(errno));
   }
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
     const char* what = S_ISDIR(st.st_mode)    ? "a directory"
                        : S_ISFIFO(st.st_mode) ? "a FIFO"
                        : S_ISCHR(st.st_mode)  ? "a character device"
@@ -60,40 +64,32 @@ StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t*
     return Status::Error(path + ": is " + std::string(what) + ", not a regular file");
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
     return Status::Error(path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
                          std::to_string(max_bytes) + " this input may have");
   }
   // Back to blocking reads for a regular file (O_NONBLOCK has no effect on
   // them, but say so rather than rely on it).
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   *size = static_cast<size_t>(st.st_size);
   return fd;
 }
 
 StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes) {
   size_t size = 0;
-  KVQ_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, max_bytes, &size));
+  KVQ_ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, max_bytes, &size));
   std::string out(size, '\0');
   size_t got = 0;
   // Read what the size promised and one byte more: a file that grows while
   // it is read is refused rather than followed.
   char extra;
   while (true) {
-    const StatusOr<size_t> n = got < size ? ReadSome(fd, out.data() + got, size - got, path)
-                                          : ReadSome(fd, &extra, 1, path);
-    if (!n.ok()) {
-      ::close(fd);
-      return n.status();
-    }
-    if (*n == 0) break;
-    if (got >= size) {
-      ::close(fd);
-      return Status::Error(path + ": the file grew while it was read");
-    }
-    got += *n;
+    KVQ_ASSIGN_OR_RETURN(const size_t n,
+                         got < size ? ReadSome(fd.get(), out.data() + got, size - got, path)
+                                    : ReadSome(fd.get(), &extra, 1, path));
+    if (n == 0) break;
+    if (got >= size) return Status::Error(path + ": the file grew while it was read");
+    got += n;
   }
-  ::close(fd);
   out.resize(got);
   return out;
 }

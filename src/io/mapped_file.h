@@ -38,10 +38,31 @@ class MappedFile {
 inline constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
 StatusOr<std::string> ReadTextFile(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
 
+// An open file descriptor, closed when it goes out of scope; `Release` hands it
+// on (to fdopen, say) without closing it.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  int Release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
 // The same checks for a reader that streams the file itself: open for
-// reading, regular, at most `max_bytes`. Returns the descriptor (the caller
-// closes it); `*size` gets the size.
-StatusOr<int> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size);
+// reading, regular, at most `max_bytes`. `*size` gets the size.
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, size_t max_bytes, size_t* size);
 
 // One read(2) of at most `n` bytes, retried when a signal interrupts it:
 // the bytes read, 0 at the end of the file, or an error naming `path`.

@@ -101,20 +101,15 @@ std::string Sha256Hex(std::string_view data) {
 
 StatusOr<std::string> Sha256File(const std::string& path) {
   size_t size = 0;  // a file of any size is hashed as a stream
-  KVQ_ASSIGN_OR_RETURN(const int fd,
+  KVQ_ASSIGN_OR_RETURN(const UniqueFd fd,
                        OpenRegularFile(path, std::numeric_limits<size_t>::max(), &size));
   Sha256 h;
   std::vector<unsigned char> buf(1 << 16);
   while (true) {
-    const StatusOr<size_t> n = ReadSome(fd, buf.data(), buf.size(), path);
-    if (!n.ok()) {
-      ::close(fd);
-      return n.status();
-    }
-    if (*n == 0) break;
-    h.Update(buf.data(), *n);
+    KVQ_ASSIGN_OR_RETURN(const size_t n, ReadSome(fd.get(), buf.data(), buf.size(), path));
+    if (n == 0) break;
+    h.Update(buf.data(), n);
   }
-  ::close(fd);
   return h.HexDigest();
 }
 

@@ -32,6 +32,11 @@ constexpr auto kLingerTime = std::chrono::milliseconds(5000);
 constexpr size_t kLingerBytes = size_t{64} << 20;  // read and dropped: time, not memory
 constexpr size_t kReadChunk = 16 << 10;
 
+}  // namespace
+
+// Named, not anonymous: HttpListener::Impl (external linkage) holds one.
+namespace http_listener_internal {
+
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) {
@@ -73,6 +78,10 @@ class ThreadPool {
   std::vector<std::thread> threads_;
   bool stopping_ = false;
 };
+
+}  // namespace http_listener_internal
+
+namespace {
 
 // Writes everything, waiting at most `timeout` for each step of progress.
 bool WriteAll(int fd, std::string_view data, std::chrono::milliseconds timeout) {
@@ -187,7 +196,7 @@ struct HttpListener::Impl {
   std::mutex returned_mutex;
   std::vector<std::unique_ptr<Conn>> returned;  // back from workers
   bool loop_done = false;                       // under returned_mutex
-  std::unique_ptr<ThreadPool> workers, probes;
+  std::unique_ptr<http_listener_internal::ThreadPool> workers, probes;
 
   Impl(const HttpListenerOptions& o, HttpHandler h, HttpErrorBody e)
       : options(o), handler(std::move(h)), error_body(std::move(e)) {}
@@ -547,8 +556,8 @@ StatusOr<int> HttpListener::Bind() {
     ev.data.fd = watched;
     ::epoll_ctl(impl_->epoll_fd, EPOLL_CTL_ADD, watched, &ev);
   }
-  impl_->workers = std::make_unique<ThreadPool>(o.worker_threads);
-  impl_->probes = std::make_unique<ThreadPool>(o.probe_threads);
+  impl_->workers = std::make_unique<http_listener_internal::ThreadPool>(o.worker_threads);
+  impl_->probes = std::make_unique<http_listener_internal::ThreadPool>(o.probe_threads);
   return bound;
 }
 

@@ -16,21 +16,21 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
 
 TEST(Sampler, SameSeedSameSequence) {
   std::vector<float> logits = {1.0f, 1.1f, 0.9f, 1.05f, 0.2f};
-  SamplingParams params{.temperature = 1.0f, .seed = 42};
+  SamplingParams params{.temperature = 1.0f, .seed = 42, .logit_bias = {}};
   Sampler a(params), b(params);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.Sample(logits.data(), 5), b.Sample(logits.data(), 5));
 }
 
 TEST(Sampler, TopKRestrictsToHighestLogits) {
   std::vector<float> logits = {5.0f, 4.9f, 4.8f, 0.0f, -2.0f};
-  Sampler s(SamplingParams{.temperature = 5.0f, .top_k = 2, .seed = 1});
+  Sampler s(SamplingParams{.temperature = 5.0f, .top_k = 2, .seed = 1, .logit_bias = {}});
   for (int i = 0; i < 200; ++i) EXPECT_LT(s.Sample(logits.data(), 5), 2);
 }
 
 TEST(Sampler, TopPKeepsSmallestNucleus) {
   // Probabilities ~ {0.7, 0.2, 0.1 spread}: top_p 0.6 keeps only id 0.
   std::vector<float> logits = {std::log(0.7f), std::log(0.2f), std::log(0.05f), std::log(0.05f)};
-  Sampler s(SamplingParams{.temperature = 1.0f, .top_p = 0.6f, .seed = 3});
+  Sampler s(SamplingParams{.temperature = 1.0f, .top_p = 0.6f, .seed = 3, .logit_bias = {}});
   for (int i = 0; i < 200; ++i) EXPECT_EQ(s.Sample(logits.data(), 4), 0);
 }
 
@@ -40,7 +40,7 @@ TEST(Sampler, TopPKeepsSmallestNucleus) {
 // temperature or normalization (which shifts frequencies by > 0.1).
 TEST(Sampler, FrequenciesFollowSoftmax) {
   std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = {0.25, 0.75}
-  Sampler s(SamplingParams{.temperature = 1.0f, .seed = 7});
+  Sampler s(SamplingParams{.temperature = 1.0f, .seed = 7, .logit_bias = {}});
   int ones = 0;
   const int draws = 20000;
   for (int i = 0; i < draws; ++i) ones += s.Sample(logits.data(), 2);

@@ -62,7 +62,9 @@ TEST(OscarRotation, EigenDecompositionReconstructsTheMatrix) {
     SymmetricEigen(a, dim, &values, &u);
     double worst = 0, scale = 0;
     for (int64_t i = 0; i < dim; ++i) {
-      if (i > 0) EXPECT_LE(values[i - 1], values[i]) << "ascending";
+      if (i > 0) {
+        EXPECT_LE(values[i - 1], values[i]) << "ascending";
+      }
       for (int64_t j = 0; j < dim; ++j) {
         double sum = 0;
         for (int64_t k = 0; k < dim; ++k) sum += u[i * dim + k] * values[k] * u[j * dim + k];

@@ -58,8 +58,7 @@ study() {  # study MODEL_STEM JSON_PATH FLAGS... (a bare JSON name goes beside t
   mkdir -p "$dir/results" "$(dirname "$json")"
   echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf $*" >&2
   "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --no-core \
-    --results-dir "$dir/results" --json "$json.tmp" "$@"
-  mv "$json.tmp" "$json"
+    --results-dir "$dir/results" --json "$json" "$@"
 }
 
 case $stage in
@@ -98,8 +97,7 @@ case $stage in
     echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf (core)" >&2
     "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --chunks 2 --recall-contexts 512 \
       --calib-tokens 2048 --schemes "$core_schemes" --results-dir "$dir/results" \
-      --json "$dir/study.json.tmp" 2>&1 | tee "$dir/log.txt.tmp" >&2
-    mv "$dir/study.json.tmp" "$dir/study.json"
+      --json "$dir/study.json" 2>&1 | tee "$dir/log.txt.tmp" >&2
     mv "$dir/log.txt.tmp" "$dir/log.txt"
     ;;
   *)

@@ -103,12 +103,24 @@ StatusOr<size_t> ReadSome(int fd, void* buf, size_t n, const std::string& path) 
 }
 
 Status WriteTextFile(const std::string& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  // A regular file, or a new one, is written beside its place and renamed
+  // over it, so a run killed mid-write leaves the old file or the new one,
+  // never half of one. Anything else (/dev/stdout, a symlink, a FIFO) is
+  // written where it is.
+  struct stat st {};
+  const bool in_place = ::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  const std::string target = in_place ? path : path + ".tmp-" + std::to_string(::getpid());
+  std::ofstream out(target, std::ios::binary | std::ios::trunc);
   if (!out) return Status::Error(path + ": cannot open for writing: " + std::strerror(errno));
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   out.close();
-  if (!out) return Status::Error(path + ": write failed: " + std::strerror(errno));
-  return Status::Ok();
+  Status written = Status::Ok();
+  if (!out) written = Status::Error(path + ": write failed: " + std::strerror(errno));
+  if (!in_place && written.ok() && ::rename(target.c_str(), path.c_str()) != 0) {
+    written = Status::Error(path + ": cannot replace: " + std::strerror(errno));
+  }
+  if (!in_place && !written.ok()) ::unlink(target.c_str());
+  return written;
 }
 
 }  // namespace kvq

@@ -68,9 +68,12 @@ StatusOr<UniqueFd> OpenRegularFile(const std::string& path, size_t max_bytes, si
 // the bytes read, 0 at the end of the file, or an error naming `path`.
 StatusOr<size_t> ReadSome(int fd, void* buf, size_t n, const std::string& path);
 
-// Writes `text` as the whole of `path` (created or truncated). Errors name the
-// path and the reason, a full disk included: the check comes after the close,
-// where a buffered write would otherwise fail unseen.
+// Writes `text` as the whole of `path`. A regular file is replaced at once
+// (written beside it, then renamed over it: a killed run never leaves half a
+// file, and a failed write keeps the old one); a device or symlink is written
+// in place. Errors name the path and the reason, a full disk included: the
+// check comes after the close, where a buffered write would otherwise fail
+// unseen.
 Status WriteTextFile(const std::string& path, std::string_view text);
 
 }  // namespace kvq

@@ -84,12 +84,31 @@ struct StudyFlags {
   int64_t context_kl_positions = 2048;
 };
 
+// The command as a reader would type it again: `kvq` (not the path of the
+// binary on the machine that ran it), then each argument, quoted for a POSIX
+// shell where it needs to be.
 std::string CommandLine() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::replace(all.begin(), all.end(), '\0', ' ');
-  while (!all.empty() && all.back() == ' ') all.pop_back();
-  return all;
+  std::string command = "kvq";
+  size_t begin = all.find('\0');  // after argv[0]
+  while (begin != std::string::npos && begin + 1 < all.size()) {
+    const size_t end = all.find('\0', begin + 1);
+    const std::string arg = all.substr(begin + 1, end == std::string::npos ? end : end - begin - 1);
+    const bool plain = !arg.empty() && arg.find_first_not_of(
+                                           "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                           "0123456789_./,:=+@%-") == std::string::npos;
+    command += ' ';
+    if (plain) {
+      command += arg;
+    } else {
+      command += '\'';
+      for (char c : arg) command += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      command += '\'';
+    }
+    begin = end;
+  }
+  return command;
 }
 
 std::string Mb(double bytes) {

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "io/sha256.h"
@@ -109,8 +110,8 @@ TEST(MappedFile, RefusesWhatIsNotARegularFileWithoutWaiting) {
 }
 
 // Every output file goes through WriteTextFile: what it writes reads back
-// byte for byte, and a full disk (/dev/full) or a folder is an error naming
-// the reason, not a silently short file.
+// byte for byte, a full disk (/dev/full) or a folder is an error naming the
+// reason, not a silently short file, and a failed write keeps the old file.
 TEST(WriteTextFile, WritesWholeFilesAndReportsFullDisks) {
   const fs::path dir = fs::path(KVQ_BINARY_DIR) / ("write_text_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -131,6 +132,18 @@ TEST(WriteTextFile, WritesWholeFilesAndReportsFullDisks) {
   ASSERT_FALSE(folder.ok());
   EXPECT_NE(folder.message().find("cannot open for writing"), std::string::npos)
       << folder.message();
+  // The new text goes beside the file first: where that cannot be written
+  // (a folder squats on the name), the write fails and the old file stays
+  // whole. Nothing is left beside it after a success.
+  const fs::path squatter = path + ".tmp-" + std::to_string(::getpid());
+  fs::create_directory(squatter);
+  ASSERT_FALSE(WriteTextFile(path, "new").ok());
+  back = ReadTextFile(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back, text);
+  fs::remove(squatter);
+  ASSERT_TRUE(WriteTextFile(path, "new").ok());
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
   fs::remove_all(dir);
 }
 

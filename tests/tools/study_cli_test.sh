@@ -27,17 +27,23 @@ expect_error "exceeds\|--ctx" -f "$TEXT" --ctx 4096
 expect_error "context KL length 100000" -f "$TEXT" --no-core --context-kl-lengths 100000
 expect_error "context KL length 511" -f "$TEXT" --no-core --context-kl-lengths 511
 
-"$KVQ" study -m "$MODEL" -f "$TEXT" -t 1 --quick --schemes int4,f16/int4 --recall-depths 0.5 \
-  --json "$WORK/study.json" --dump "$WORK/capture.safetensors" >"$WORK/out" 2>"$WORK/err" ||
-  fail "quick study failed: $(cat "$WORK/err")"
+# The text under a name with a space: the JSON's command quotes it so that a
+# shell reads the same arguments back.
+cp "$TEXT" "$WORK/held out.txt"
+"$KVQ" study -m "$MODEL" -f "$WORK/held out.txt" -t 1 --quick --schemes int4,f16/int4 \
+  --recall-depths 0.5 --json "$WORK/study.json" --dump "$WORK/capture.safetensors" \
+  >"$WORK/out" 2>"$WORK/err" || fail "quick study failed: $(cat "$WORK/err")"
 grep -q "K per-channel, V per-token (KIVI)" "$WORK/out" || fail "table lacks the fake-quant rows"
-python3 - "$WORK/study.json" <<'PY' || fail "JSON contract"
-import json, sys
+python3 - "$WORK/study.json" "$MODEL" "$WORK" <<'PY' || fail "JSON contract"
+import json, shlex, sys
 j = json.load(open(sys.argv[1]))
 for key in ["kvq_study_version", "created_utc", "command", "quick", "model", "text", "outliers",
             "fake_quant", "schemes", "memory", "timings_seconds"]:
     assert key in j, key
 assert j["quick"] is True
+want = "kvq study -m %s -f %s -t 1 --quick" % (shlex.quote(sys.argv[2]),
+                                                shlex.quote(sys.argv[3] + "/held out.txt"))
+assert j["command"].startswith(want), (j["command"], want)
 assert [s["name"] for s in j["schemes"]] == ["f16", "int4", "f16/int4"], j["schemes"]
 assert j["schemes"][0]["baseline"] and j["schemes"][2]["v_type"] == "int4"
 assert len(j["memory"]["series"]) == 3

@@ -24,7 +24,8 @@ StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) 
   file->size_ = size;
   if (file->size_ > 0) {
     void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (map == MAP_FAILED) return Status::Error(path + ": mmap failed: " + std::strerror(errno));
+    const int err = errno;  // read before the message's allocations
+    if (map == MAP_FAILED) return Status::Error(path + ": mmap failed: " + std::strerror(err));
     file->data_ = static_cast<const uint8_t*>(map);
   }
   return file;
@@ -52,7 +53,8 @@ StatusOr<UniqueFd> OpenRegularFile(const std::string& path, size_t max_bytes, si
   if (fd.get() < 0) return Status::Error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    return Status::Error(path + ": cannot stat: " + std::strerror(errno));
+    const int err = errno;
+    return Status::Error(path + ": cannot stat: " + std::strerror(err));
   }
   if (!S_ISREG(st.st_mode)) {
     const char* what = S_ISDIR(st.st_mode)    ? "a directory"

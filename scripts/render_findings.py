@@ -323,6 +323,19 @@ def read_lines(path):
     return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
+def needle_tally(cell_files):
+    """Correct answers by context over a scheme's recorded needle trials, e.g.
+    "correct at 1024 100/100, 2048 37/50" (cell files are TASK_cCONTEXT_dDEPTH.jsonl)."""
+    by_context = {}
+    for f in cell_files:
+        context = int(re.search(r"_c([0-9]+)_d", f.name).group(1))
+        tally = by_context.setdefault(context, [0, 0])
+        for r in read_lines(f):
+            tally[0] += 1 if r.get("correct") else 0
+            tally[1] += 1
+    return "correct at " + ", ".join(f"{c} {k}/{n}" for c, (k, n) in sorted(by_context.items()))
+
+
 def render_progress(study_dir):
     """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
     rows = []
@@ -338,7 +351,7 @@ def render_progress(study_dir):
             cells = sorted(d.glob("*.jsonl"))
             recs = [r for f in cells for r in read_lines(f)]
             rows.append((folder.name, "needle", scheme_of(d.name),
-                         f"{len(recs)} trials in {len(cells)} cells", recs))
+                         f"{len(recs)} trials in {len(cells)} cells; {needle_tally(cells)}", recs))
     out = [[model, stage, f"`{scheme}`", count,
             simd_targets(Counter(r.get("simd_target", "") for r in recs))]
            for model, stage, scheme, count, recs in rows]
@@ -421,9 +434,17 @@ def self_test(study_dir):
         gsm.mkdir(parents=True)
         (gsm / "f16-0123abcd.jsonl").write_text(
             '{"index": 0, "simd_target": "AVX2"}\n{"index": 1, "simd_target": "AVX2"}\n{"ind')
-        if "| m | gsm8k | `f16` | 2 problems | AVX2 2 |" not in render_progress(tmp):
-            print("self-test: the progress block miscounted:\n" + render_progress(tmp))
-            return 1
+        needle = pathlib.Path(tmp) / "m" / "results" / "needle" / "kivi4-0123abcd"
+        needle.mkdir(parents=True)
+        (needle / "single_repeat_c1024_d0.000.jsonl").write_text(
+            '{"trial": 0, "correct": true}\n{"trial": 1, "correct": false}\n')
+        (needle / "multikey_repeat_c2048_d0.500.jsonl").write_text(
+            '{"trial": 0, "correct": true}\n{"trial": 1, "corr')
+        for want in ("| m | gsm8k | `f16` | 2 problems | AVX2 2 |",
+                     "| m | needle | `kivi4` | 3 trials in 2 cells; correct at 1024 1/2, 2048 1/1 |"):
+            if want not in render_progress(tmp):
+                print("self-test: the progress block miscounted:\n" + render_progress(tmp))
+                return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")
         return 1

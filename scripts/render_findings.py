@@ -323,16 +323,16 @@ def read_lines(path):
     return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
-def needle_tally(cell_files):
+def needle_tally(cells):
     """Correct answers by context over a scheme's recorded needle trials, e.g.
-    "correct at 1024 100/100, 2048 37/50" (cell files are TASK_cCONTEXT_dDEPTH.jsonl)."""
+    "correct at 1024 100/100, 2048 37/50"; `cells` maps each cell file
+    (TASK_cCONTEXT_dDEPTH.jsonl) to its records."""
     by_context = {}
-    for f in cell_files:
+    for f, records in cells.items():
         context = int(re.search(r"_c([0-9]+)_d", f.name).group(1))
         tally = by_context.setdefault(context, [0, 0])
-        for r in read_lines(f):
-            tally[0] += 1 if r.get("correct") else 0
-            tally[1] += 1
+        tally[0] += sum(1 for r in records if r.get("correct"))
+        tally[1] += len(records)
     return "correct at " + ", ".join(f"{c} {k}/{n}" for c, (k, n) in sorted(by_context.items()))
 
 
@@ -348,8 +348,8 @@ def render_progress(study_dir):
                 count = "done" if stage == "end_to_end" and recs else f"{len(recs)} {unit}"
                 rows.append((folder.name, stage, scheme_of(f.stem), count, recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
-            cells = sorted(d.glob("*.jsonl"))
-            recs = [r for f in cells for r in read_lines(f)]
+            cells = {f: read_lines(f) for f in sorted(d.glob("*.jsonl"))}
+            recs = [r for records in cells.values() for r in records]
             rows.append((folder.name, "needle", scheme_of(d.name),
                          f"{len(recs)} trials in {len(cells)} cells; {needle_tally(cells)}", recs))
     out = [[model, stage, f"`{scheme}`", count,

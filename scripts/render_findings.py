@@ -14,8 +14,9 @@ M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
 context length, every model that has run the stage, smallest first) and `progress` (what the
 resumable runs have recorded under M/results/ so far, per scheme). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
-gives, or when the prose quotes a decimal number (3.14, 2.5x, 96.3%) that no
-generated block of the file contains, so a figure cannot go stale silently.
+gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) that no
+generated block of its own top-level section, or of a section it names
+("section 3", "§4"), contains, so a figure cannot go stale silently.
 Usage: render_findings.py --write|--check FINDINGS.md STUDY_DIR | --self-test STUDY_DIR
 """
 import json
@@ -28,8 +29,9 @@ import sys
 
 BLOCK = re.compile(r"(<!-- generated: ([a-z0-9_-]+)(?: ([^ ]+))? -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
-# A figure: 3.14, 2.5x, 96.3%; not a name such as 1.5B or Qwen2.5.
-DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\dA-Za-wyz])")
+# A figure: 3.14, 2.5x, 96.3%; not a name such as 1.5B or Qwen2.5, nor a
+# needle depth ("depth 1.0"), which is a coordinate of the grid, not a result.
+DECIMAL = re.compile(r"(?<![\w.])(?<!depth )\d+\.\d+(?![\dA-Za-wyz])")
 
 
 def fmt(x, digits=3):
@@ -404,24 +406,60 @@ def render(doc, studies, study_dir):
     return BLOCK.sub(fill, doc)
 
 
+# A paragraph may quote another section's figures when it names that section:
+# "section 3", "sections 3 and 4", "§4".
+SECTION_REF = re.compile(r"(?:§|\b[Ss]ections? )(\d+(?:(?:, | and | or )\d+)*)")
+
+
+def sections(doc):
+    """{key: text} per top-level section: "## 3. End to end" has key "3", "## The runs"
+    the key "The runs"."""
+    parts = {}
+    for part in re.split(r"(?m)^(?=## )", doc):
+        numbered = re.match(r"## (\d+)\.", part)
+        if numbered:
+            key = numbered.group(1)
+        else:
+            key = part.split("\n", 1)[0][3:] if part.startswith("## ") else "the preamble"
+        parts[key] = parts.get(key, "") + part
+    return parts
+
+
 def prose_numbers_missing(doc):
-    """Decimal numbers in the prose (outside generated blocks and code) that no block holds."""
-    generated = "".join(m.group(4) for m in BLOCK.finditer(doc))
-    prose = BLOCK.sub("", doc)
-    prose = re.sub(r"```.*?```", "", prose, flags=re.S)
-    prose = re.sub(r"`[^`]*`", "", prose)
-    have = set(DECIMAL.findall(generated))
-    return sorted({n for n in DECIMAL.findall(prose) if n not in have})
+    """Decimal figures in the prose that no generated block of its own section holds.
+
+    A figure in a paragraph (or list item) must appear in a block of the same
+    top-level section or of a section the paragraph names, so a figure
+    quoted beside the wrong table, or one that matches an unrelated block
+    elsewhere in the page, does not pass."""
+    parts = sections(doc)
+    held = {key: set(DECIMAL.findall("".join(m.group(4) for m in BLOCK.finditer(text))))
+            for key, text in parts.items()}
+    missing = set()
+    for key, text in parts.items():
+        prose = re.sub(r"```.*?```", "", BLOCK.sub("", text), flags=re.S)
+        for paragraph in re.split(r"\n\s*\n|\n(?=- )", prose):
+            named = {n for refs in SECTION_REF.findall(paragraph) for n in re.findall(r"\d+", refs)}
+            have = set().union(*(held.get(k, set()) for k in named | {key}))
+            where = f"section {key}" if key.isdigit() else key
+            missing |= {f"{n} ({where})"
+                        for n in DECIMAL.findall(re.sub(r"`[^`]*`", "", paragraph))
+                        if n not in have}
+    return sorted(missing)
 
 
 def self_test(study_dir):
-    """--check must fail on a stale block and on a prose figure no block holds."""
+    """--check must fail on a stale block and on a prose figure its section's blocks lack."""
     import tempfile
     studies = load_studies(study_dir)
     model = next(n for n in studies if "schemes" in studies[n])
     good = render(f"<!-- generated: e2e {model} -->\n<!-- end generated -->\n", studies, study_dir)
+    figure = DECIMAL.findall(good)[-1]
+    elsewhere = f"## 1. Tables\n\n{good}\n## 2. Prose\n\nThe KL is {figure}"
     cases = {"fresh": (good, 0), "stale": (good.replace("|", "| 0.123 |", 3), 1),
-             "unbacked figure": (good + "The KL is 98.765.\n", 1)}
+             "unbacked figure": (good + "The KL is 98.765.\n", 1),
+             "figure from an unnamed section": (elsewhere + ".\n", 1),
+             "figure from a named section": (elsewhere + " (section 1).\n", 0)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (doc, want) in cases.items():
             path = pathlib.Path(tmp) / "doc.md"
@@ -486,7 +524,8 @@ def main(argv):
               f"scripts/render_findings.py --write {argv[2]} {argv[3]}")
         return 1
     if missing:
-        print(f"{path}: the prose quotes numbers no generated block holds: {', '.join(missing)}")
+        print(f"{path}: the prose quotes numbers no generated block of its section, or of a "
+              f"section it names, holds: {', '.join(missing)}")
         return 1
     print(f"{path}: {len(BLOCK.findall(new))} generated blocks match {len(studies)} studies")
     return 0

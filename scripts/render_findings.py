@@ -15,7 +15,8 @@ context length, every model that has run the stage, smallest first) and `progres
 resumable runs have recorded under M/results/ so far, per scheme). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) that no
-generated block of its own top-level section, or of a section it names
+generated block of its own subsection, of its section's opening, of a
+subsection about a model it names ("on SmolLM2"), or of a section it names
 ("section 3", "§4"), contains, so a figure cannot go stale silently.
 Usage: render_findings.py --write|--check FINDINGS.md STUDY_DIR | --self-test STUDY_DIR
 """
@@ -425,26 +426,50 @@ def sections(doc):
     return parts
 
 
-def prose_numbers_missing(doc):
-    """Decimal figures in the prose that no generated block of its own section holds.
+# A model a subsection is about, and a paragraph names: "SmolLM2", "0.5B", "135M".
+MODEL_ALIAS = re.compile(r"SmolLM2|(?<![\w.])\d+(?:\.\d+)?[BM]\b")
 
-    A figure in a paragraph (or list item) must appear in a block of the same
-    top-level section or of a section the paragraph names, so a figure
-    quoted beside the wrong table, or one that matches an unrelated block
-    elsewhere in the page, does not pass."""
+
+def subsections(section):
+    """[(aliases, text)]: the section's opening (before its first "### ", aliases
+    empty) and each subsection, with the model names its heading carries."""
+    parts = re.split(r"(?m)^(?=### )", section)
+    return [(set(MODEL_ALIAS.findall(p.split("\n", 1)[0])) if p.startswith("### ") else set(), p)
+            for p in parts]
+
+
+def block_figures(text):
+    return set(DECIMAL.findall("".join(m.group(4) for m in BLOCK.finditer(text))))
+
+
+def prose_numbers_missing(doc):
+    """Decimal figures in the prose that no generated block it may quote holds.
+
+    A paragraph (or list item) may quote the blocks of its own subsection, of
+    its section's opening, of the section's subsections about a model it
+    names ("on SmolLM2", "the 0.5B") and of any section it names ("section
+    3", "§4"). So a figure quoted beside the wrong table, or under one
+    model's heading from another model's table without naming it, or one
+    that matches an unrelated block elsewhere in the page, does not pass."""
     parts = sections(doc)
-    held = {key: set(DECIMAL.findall("".join(m.group(4) for m in BLOCK.finditer(text))))
-            for key, text in parts.items()}
+    held = {key: block_figures(text) for key, text in parts.items()}
     missing = set()
     for key, text in parts.items():
-        prose = re.sub(r"```.*?```", "", BLOCK.sub("", text), flags=re.S)
-        for paragraph in re.split(r"\n\s*\n|\n(?=- )", prose):
-            named = {n for refs in SECTION_REF.findall(paragraph) for n in re.findall(r"\d+", refs)}
-            have = set().union(*(held.get(k, set()) for k in named | {key}))
-            where = f"section {key}" if key.isdigit() else key
-            missing |= {f"{n} ({where})"
-                        for n in DECIMAL.findall(re.sub(r"`[^`]*`", "", paragraph))
-                        if n not in have}
+        subs = [(aliases, sub, block_figures(sub)) for aliases, sub in subsections(text)]
+        for aliases, sub, own in subs:
+            prose = re.sub(r"```.*?```", "", BLOCK.sub("", sub), flags=re.S)
+            for paragraph in re.split(r"\n\s*\n|\n(?=- )", prose):
+                named = {n for refs in SECTION_REF.findall(paragraph)
+                         for n in re.findall(r"\d+", refs)}
+                models = set(MODEL_ALIAS.findall(paragraph))
+                have = own | subs[0][2] | set().union(*(held.get(k, set()) for k in named))
+                have = have.union(*(figs for a, _, figs in subs if a & models))
+                where = f"section {key}" if key.isdigit() else key
+                if aliases:
+                    where += ", " + sub.split("\n", 1)[0][4:]
+                missing |= {f"{n} ({where})"
+                            for n in DECIMAL.findall(re.sub(r"`[^`]*`", "", paragraph))
+                            if n not in have}
     return sorted(missing)
 
 
@@ -456,10 +481,13 @@ def self_test(study_dir):
     good = render(f"<!-- generated: e2e {model} -->\n<!-- end generated -->\n", studies, study_dir)
     figure = DECIMAL.findall(good)[-1]
     elsewhere = f"## 1. Tables\n\n{good}\n## 2. Prose\n\nThe KL is {figure}"
+    other_model = f"## 1. Tables\n\n### Model-135M\n\n{good}\n### Model-0.5B\n\nThe KL is {figure}"
     cases = {"fresh": (good, 0), "stale": (good.replace("|", "| 0.123 |", 3), 1),
              "unbacked figure": (good + "The KL is 98.765.\n", 1),
              "figure from an unnamed section": (elsewhere + ".\n", 1),
-             "figure from a named section": (elsewhere + " (section 1).\n", 0)}
+             "figure from a named section": (elsewhere + " (section 1).\n", 0),
+             "figure from another model's subsection": (other_model + ".\n", 1),
+             "figure from a named model's subsection": (other_model + " on the 135M.\n", 0)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (doc, want) in cases.items():
             path = pathlib.Path(tmp) / "doc.md"
@@ -524,8 +552,8 @@ def main(argv):
               f"scripts/render_findings.py --write {argv[2]} {argv[3]}")
         return 1
     if missing:
-        print(f"{path}: the prose quotes numbers no generated block of its section, or of a "
-              f"section it names, holds: {', '.join(missing)}")
+        print(f"{path}: the prose quotes numbers that no generated block of its subsection, "
+              f"its section's opening, a model or a section it names holds: {', '.join(missing)}")
         return 1
     print(f"{path}: {len(BLOCK.findall(new))} generated blocks match {len(studies)} studies")
     return 0

@@ -11,8 +11,9 @@ Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M`,
 `needle M`, `gsm8k M` (one model's study; the last three also from
 M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
 `compare` (every shipped model side by side), `context_kl_sizes` (KL by
-context length, every model that has run the stage, smallest first) and `progress` (what the
-resumable runs have recorded under M/results/ so far, per scheme). `--write` fills the blocks
+context length, every model that has run the stage, smallest first), `progress` (what the
+resumable runs have recorded under M/results/ so far, per scheme) and `needle_recorded M`
+(every needle trial recorded for M so far, per scheme, task and context). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) that no
 generated block of its own subsection, of its section's opening, of a
@@ -339,6 +340,40 @@ def needle_tally(cells):
     return "correct at " + ", ".join(f"{c} {k}/{n}" for c, (k, n) in sorted(by_context.items()))
 
 
+def render_needle_recorded(study_dir, model):
+    """Every needle trial recorded under M/results/needle/ so far, per scheme and
+    (task, context), over the depths: the schemes needle.json does not hold
+    yet (it takes a scheme once every cell f16 passes has run) included."""
+    root = pathlib.Path(study_dir) / model / "results" / "needle"
+    tallies, pairs = {}, set()
+    for d in sorted(p for p in root.glob("*") if p.is_dir()):
+        tally = tallies.setdefault(scheme_of(d.name), {})
+        for f in sorted(d.glob("*.jsonl")):
+            task, context = re.fullmatch(r"(.+)_c([0-9]+)_d[0-9.]+", f.stem).groups()
+            first = {}  # a trial's first record counts, as kvq's needle stage counts it
+            for r in read_lines(f):
+                first.setdefault(r.get("trial"), r)
+            k = tally.setdefault((task, int(context)), [0, 0])
+            k[0] += sum(1 for r in first.values() if r.get("correct"))
+            k[1] += len(first)
+            pairs.add((task, int(context)))
+    if not tallies:
+        raise KeyError(f"block 'needle_recorded {model}': no trials under {root}")
+    known = ["single_repeat", "single_needle", "multikey_repeat", "multivalue_repeat"]
+    tasks = sorted({t for t, _ in pairs}, key=lambda t: (known.index(t) if t in known else 9, t))
+    rows = []
+    for name in sorted(tallies, key=lambda s: (s != "f16", s)):
+        t = tallies[name]
+        for context in sorted({c for _, c in t}):
+            k = [t[(task, context)] for task in tasks if (task, context) in t]
+            correct, trials = sum(v[0] for v in k), sum(v[1] for v in k)
+            rows.append([f"`{name}`", context] +
+                        [f"{t[(task, context)][0]}/{t[(task, context)][1]}"
+                         if (task, context) in t else "-" for task in tasks] +
+                        [f"{correct}/{trials} ({pct(correct / trials)})" if trials else "-"])
+    return table(["scheme", "context"] + tasks + ["all tasks"], rows)
+
+
 def render_progress(study_dir):
     """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
     rows = []
@@ -395,6 +430,8 @@ def render(doc, studies, study_dir):
             body = render_context_kl_sizes(studies)
         elif kind == "progress":
             body = render_progress(study_dir)
+        elif kind == "needle_recorded":
+            body = render_needle_recorded(study_dir, model)
         elif kind == "coverage":
             body = render_coverage(studies, study_dir)
         elif kind in RENDERERS:
@@ -510,6 +547,17 @@ def self_test(study_dir):
                      "| m | needle | `kivi4` | 3 trials in 2 cells; correct at 1024 1/2, 2048 1/1 |"):
             if want not in render_progress(tmp):
                 print("self-test: the progress block miscounted:\n" + render_progress(tmp))
+                return 1
+        repeated = needle.parent / "int2-0123abcd"  # a trial recorded twice counts once, first
+        repeated.mkdir()
+        (repeated / "single_needle_c1024_d0.250.jsonl").write_text(
+            '{"trial": 0, "correct": true}\n{"trial": 0, "correct": false}\n')
+        recorded = render_needle_recorded(tmp, "m")
+        for want in ("| `int2` | 1024 | - | 1/1 | - | 1/1 (100.0%) |",
+                     "| `kivi4` | 1024 | 1/2 | - | - | 1/2 (50.0%) |",
+                     "| `kivi4` | 2048 | - | - | 1/1 | 1/1 (100.0%) |"):
+            if want not in recorded:
+                print("self-test: the recorded-needle block miscounted:\n" + recorded)
                 return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")

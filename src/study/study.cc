@@ -267,26 +267,37 @@ Status RunStructureStages(LoadedModel& model, const std::vector<int32_t>& tokens
 }
 
 // What a resumed end-to-end stage must share with the run that recorded its
-// results (the scheme list is not part of it: a rerun may add schemes).
-StatusOr<Json> EndToEndConfig(const LoadedModel& model, const std::string& text,
-                              const std::string& calibration, const StudyOptions& o) {
-  std::string calibration_digest;
-  if (!calibration.empty()) {
-    KVQ_ASSIGN_OR_RETURN(calibration_digest, Sha256File(calibration));
-  }
+// results (the scheme list is not part of it: a rerun may add schemes). The
+// KVQuant calibration is not either: it is an input of the schemes that use
+// it only, so each of their records carries its digest instead. Otherwise a
+// calibration remade on another SIMD target (the same text, other rounding)
+// would refuse every scheme a rerun adds.
+Json EndToEndConfig(const LoadedModel& model, const std::string& text, const StudyOptions& o) {
   return Json{{"kvq_end_to_end_version", 1},
               {"model", model.path},
               {"text_sha256", Sha256Hex(text)},
               {"context", o.context},
               {"windows", o.chunks},
               {"batch", o.batch},
-              {"calibration_sha256", calibration_digest},
               {"recall",
                {{"contexts", o.recall.contexts},
                 {"depths", o.recall.depths},
                 {"trials", o.recall.trials},
                 {"seed", o.recall.seed},
                 {"answer_tokens", o.recall.answer_tokens}}}};
+}
+
+// Each scheme's results file under `dir`, and its last record (null if none).
+Status OpenSchemeLogs(const std::string& dir, const std::vector<SchemeSpec>& schemes,
+                      std::vector<ResultLog>* logs, std::vector<Json>* recorded) {
+  for (size_t i = 0; i < schemes.size(); ++i) {
+    const std::string path =
+        (std::filesystem::path(dir) / (ResultFileStem(schemes[i].name) + ".jsonl")).string();
+    KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
+    if (!log.records().empty()) (*recorded)[i] = log.records().back();
+    logs->push_back(std::move(log));
+  }
+  return Status::Ok();
 }
 
 // Stage 4: every scheme through the real cache (the f16 cache first). With
@@ -308,19 +319,15 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
   e2e.threads = o.threads;
   const bool resumable = !o.end_to_end_dir.empty();
   if (resumable) {
-    KVQ_ASSIGN_OR_RETURN(Json config, EndToEndConfig(model, text, calibration, o));
-    KVQ_RETURN_IF_ERROR(PrepareResultDir(o.end_to_end_dir, config));
+    KVQ_RETURN_IF_ERROR(PrepareResultDir(o.end_to_end_dir, EndToEndConfig(model, text, o)));
+  }
+  std::string calibration_digest;
+  if (!calibration.empty()) {
+    KVQ_ASSIGN_OR_RETURN(calibration_digest, Sha256File(calibration));
   }
   std::vector<ResultLog> logs;
   std::vector<Json> recorded(schemes.size());  // null: still to run
-  for (size_t i = 0; resumable && i < schemes.size(); ++i) {
-    const std::string path =
-        (std::filesystem::path(o.end_to_end_dir) / (ResultFileStem(schemes[i].name) + ".jsonl"))
-            .string();
-    KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
-    if (!log.records().empty()) recorded[i] = log.records().back();
-    logs.push_back(std::move(log));
-  }
+  if (resumable) KVQ_RETURN_IF_ERROR(OpenSchemeLogs(o.end_to_end_dir, schemes, &logs, &recorded));
   const bool any_missing =
       std::any_of(recorded.begin() + 1, recorded.end(), [](const Json& j) { return j.is_null(); });
   const KvShape shape = model.transformer->kv_shape();
@@ -329,6 +336,7 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
   Json series = Json::array();
   for (size_t i = 0; i < schemes.size(); ++i) {
     const SchemeSpec& spec = schemes[i];
+    const KvCacheOptions cache = SchemeCacheOptions(spec, max_tokens, o.threads, calibration);
     if (recorded[i].is_null() || (i == 0 && any_missing)) {
       auto result =
           RunSchemeEndToEnd(model, text, filler, spec, e2e, i == 0, [&](const SchemeProgress& p) {
@@ -340,6 +348,8 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
         return Status::Error("scheme " + spec.name + ": " + result.status().message());
       if (recorded[i].is_null()) {
         recorded[i] = SchemeJson(*result);
+        KVQ_ASSIGN_OR_RETURN(bool calibrated, NeedsCalibrationFile(shape, cache));
+        if (calibrated) recorded[i]["calibration_sha256"] = calibration_digest;
         if (resumable) {
           KVQ_RETURN_IF_ERROR(logs[i].Append(recorded[i]));
           recorded[i] = logs[i].records().back();  // as stamped
@@ -347,9 +357,7 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
       }
     }
     scheme_list.push_back(recorded[i]);
-    KVQ_ASSIGN_OR_RETURN(
-        KvTypePlan plan,
-        PlanKvType(shape, SchemeCacheOptions(spec, max_tokens, o.threads, calibration)));
+    KVQ_ASSIGN_OR_RETURN(KvTypePlan plan, PlanKvType(shape, cache));
     Json bytes = Json::array();
     for (int64_t c : o.memory_contexts) bytes.push_back(ExactKvBytes(plan.layout, 1, c));
     series.push_back({{"name", spec.name}, {"bytes", std::move(bytes)}});

@@ -394,6 +394,9 @@ TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
   EXPECT_LT(kvquant["bytes_per_token"].get<double>(),
             (*json)["schemes"][0]["bytes_per_token"].get<double>());
   EXPECT_FALSE(fs::exists(o.calibration_scratch_path));
+  // The scheme that used the calibration records which one; the others do not.
+  EXPECT_EQ(kvquant["calibration_sha256"].get<std::string>().size(), 64u);
+  EXPECT_FALSE((*json)["schemes"][2].contains("calibration_sha256"));
 
   // Schemes without calibration record none.
   o.schemes = *ParseSchemeList("int4", model_.transformer->kv_shape());
@@ -453,6 +456,36 @@ TEST_F(StudyTest, EndToEndResumesWithOnlyTheMissingSchemes) {
   auto refused = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("different configuration"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// The calibration belongs to the schemes that use it, not to the results
+// directory: a rerun whose calibration differs (remade on another SIMD
+// target, or from other tokens) may still add schemes, and the KVQuant
+// result recorded earlier keeps the digest of the calibration it used.
+TEST_F(StudyTest, EndToEndResumeAcceptsAnotherCalibration) {
+  const std::string dir = test_util::TestPath("study_test", "e2e_calibration");
+  fs::remove_all(dir);
+  const KvShape shape = model_.transformer->kv_shape();
+  StudyOptions o = SmallStudy("resume_calibration");
+  o.capture_tokens = 16;
+  o.end_to_end_dir = dir;
+  o.calibration_scratch_path = test_util::TestPath("study_test", "resume_calib.safetensors");
+  o.calibration.context = 64;
+  o.calibration.tokens = 128;
+  o.schemes = *ParseSchemeList("kvquant4", shape);
+  auto first = RunStudy(model_, test_util::WordText(400), o);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  const nlohmann::json kvquant = (*first)["schemes"][1];
+
+  o.calibration.tokens = 64;  // another calibration
+  o.schemes = *ParseSchemeList("kvquant4,int2", shape);
+  auto second = RunStudy(model_, test_util::WordText(400), o);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_NE((*second)["calibration"]["windows"], (*first)["calibration"]["windows"]);
+  EXPECT_EQ((*second)["schemes"][1], kvquant);  // as recorded, with its own digest
+  EXPECT_EQ((*second)["schemes"][2]["name"], "int2");
+  EXPECT_FALSE((*second)["schemes"][2].contains("calibration_sha256"));
   fs::remove_all(dir);
 }
 

@@ -54,6 +54,15 @@ class StudyTest : public test_util::TinyModelTest {
     o.memory_contexts = {64};
     return o;
   }
+
+  // SmallStudy recording its end-to-end results in a fresh directory `name`.
+  static StudyOptions ResumableStudy(const std::string& name) {
+    StudyOptions o = SmallStudy(name);
+    o.capture_tokens = 16;
+    o.end_to_end_dir = test_util::TestPath("study_test", "e2e_" + name);
+    fs::remove_all(o.end_to_end_dir);
+    return o;
+  }
 };
 
 // The dump holds every documented tensor with its documented shape, and
@@ -417,12 +426,9 @@ TEST_F(StudyTest, KvQuantSchemeIsCalibratedOnHeldOutText) {
 // they were, and gives the new scheme the KL a fresh run gives it; a rerun
 // with a different configuration is refused rather than mixed.
 TEST_F(StudyTest, EndToEndResumesWithOnlyTheMissingSchemes) {
-  const std::string dir = test_util::TestPath("study_test", "e2e_resume");
-  fs::remove_all(dir);
+  StudyOptions o = ResumableStudy("resume");
+  const std::string dir = o.end_to_end_dir;
   const KvShape shape = model_.transformer->kv_shape();
-  StudyOptions o = SmallStudy("resume");
-  o.capture_tokens = 16;
-  o.end_to_end_dir = dir;
   o.schemes = *ParseSchemeList("int4", shape);
   auto first = RunStudy(model_, test_util::WordText(400), o);
   ASSERT_TRUE(first.ok()) << first.status().message();
@@ -464,12 +470,8 @@ TEST_F(StudyTest, EndToEndResumesWithOnlyTheMissingSchemes) {
 // target, or from other tokens) may still add schemes, and the KVQuant
 // result recorded earlier keeps the digest of the calibration it used.
 TEST_F(StudyTest, EndToEndResumeAcceptsAnotherCalibration) {
-  const std::string dir = test_util::TestPath("study_test", "e2e_calibration");
-  fs::remove_all(dir);
+  StudyOptions o = ResumableStudy("calibration");
   const KvShape shape = model_.transformer->kv_shape();
-  StudyOptions o = SmallStudy("resume_calibration");
-  o.capture_tokens = 16;
-  o.end_to_end_dir = dir;
   o.calibration_scratch_path = test_util::TestPath("study_test", "resume_calib.safetensors");
   o.calibration.context = 64;
   o.calibration.tokens = 128;
@@ -486,7 +488,7 @@ TEST_F(StudyTest, EndToEndResumeAcceptsAnotherCalibration) {
   EXPECT_EQ((*second)["schemes"][1], kvquant);  // as recorded, with its own digest
   EXPECT_EQ((*second)["schemes"][2]["name"], "int2");
   EXPECT_FALSE((*second)["schemes"][2].contains("calibration_sha256"));
-  fs::remove_all(dir);
+  fs::remove_all(o.end_to_end_dir);
 }
 
 // A tuned policy (kvq tune's file) runs as a scheme: policy:FILE, its own

@@ -43,11 +43,13 @@ stage=${1:?stage: gsm8k, niah or context-kl}
 # plain per-token int2.
 gsm8k_schemes=f16,kivi2,int2-c32-asym/int2-g32-asym,int2
 
-# The core study's schemes on the real models (the shipped SmolLM2 and 0.5B
-# studies' list): every family at 8, 4 and 2 bits, rotation on and off, sinks,
-# the Qwen2 boundary-layer policies, and KIVI-2 without its window.
+# The core study's schemes on the real models: every family at 8, 4 and 2
+# bits, rotation on and off, sinks, the Qwen2 boundary-layer policies, and
+# KIVI-2 without its window. The shipped SmolLM2 and 0.5B studies predate the
+# two int4 policies (their runs kept no end-to-end results to resume from).
 core_schemes=f16,bf16,fp8_e4m3,fp8_e5m2,int8,int4,int4+rot,int2,int2+rot,f16/int4,kivi4,kivi2
 core_schemes+=,int2-c32-asym/int2-g32-asym,int2-s4,policy:docs/study/policies/int4_boundary.txt
+core_schemes+=,policy:docs/study/policies/int4_layer0.txt
 core_schemes+=,policy:docs/study/policies/int2_boundary.txt
 core_schemes+=,policy:docs/study/policies/kivi2_boundary.txt,gear4,gear2,kvquant4,kvquant3,kvquant2
 

@@ -78,6 +78,10 @@ def render_run(study):
             ["schemes", len(study["schemes"])],
             ["run time", f"{study['timings_seconds']['total']:.0f} s"],
             ["made", study["created_utc"]]]
+    if "end_to_end_dir" in study:  # a resumed run reuses the schemes recorded by earlier ones
+        rows[-2][0] = "run time (the last run)"
+        rows.append(["end-to-end results", f"{study['end_to_end_dir']}, schemes per SIMD target: " +
+                     simd_targets(Counter(s.get("simd_target", "") for s in study["schemes"]))])
     # The binary's own path is the machine's; show it as a user types it.
     command = re.sub(r"^\S*/kvq ", "kvq ", study["command"])
     return table(["", ""], rows) + "\nCommand:\n\n```sh\n" + command + "\n```\n"

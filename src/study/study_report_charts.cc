@@ -45,12 +45,16 @@ void AppendOnce(json& order, const json& value) {
 
 namespace study_report {
 
+// Labels get room for the longest names a study holds (a policy file's path as
+// a scheme, a write-up row) before Vega-Lite cuts them to "policy:docs/st…",
+// which would make two policies look alike.
 json BaseSpec() {
   return json{{"$schema", "https://vega.github.io/schema/vega-lite/v5.json"},
               {"background", "white"},
               {"config",
                {{"font", "DejaVu Sans, Helvetica, Arial, sans-serif"},
-                {"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}}},
+                {"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}, {"labelLimit", 360}}},
+                {"legend", {{"labelLimit", 360}}},
                 {"header", {{"labelFontSize", 13}, {"labelFontWeight", "bold"}}}}}};
 }
 
@@ -315,8 +319,7 @@ StudyChart FakeQuantOverall(const FakeQuantData& data) {
          {{"field", "row"},
           {"type", "nominal"},
           {"sort", nullptr},
-          {"title", nullptr},
-          {"axis", {{"labelLimit", 320}}}}},
+          {"title", nullptr}}},
         {"yOffset", {{"field", "bits"}, {"type", "nominal"}, {"sort", data.bits_order}}},
         {"x", {{"field", "value"}, {"type", "quantitative"}, {"title", "error (lower is better)"}}},
         {"color",
@@ -367,7 +370,7 @@ StudyChart FakeQuantPerLayer(const FakeQuantData& data) {
           {"type", "nominal"},
           {"sort", nullptr},
           {"title", "grouping"},
-          {"legend", {{"labelLimit", 320}, {"orient", "bottom"}, {"columns", 2}}}}},
+          {"legend", {{"orient", "bottom"}, {"columns", 2}}}}},
         {"strokeDash",
          {{"field", "bits"},
           {"type", "nominal"},

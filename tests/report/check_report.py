@@ -6,7 +6,8 @@
       page's self-check element (#kvq-status: every chart rendered, no error,
       no warning, finished), and independently of it that every chart
       container (div.chart) holds an <svg> with data marks (children of Vega's
-      g.role-mark groups). With --study, the outlier heatmap must draw one
+      g.role-mark groups), and (except with --hostile) that no chart text was
+      cut short with an ellipsis. With --study, the outlier heatmap must draw one
       rect per value of the study's channel statistics. With --hostile, the
       strings planted by `hostile` must show as text and nothing they contain
       may have become markup.
@@ -49,6 +50,7 @@ class Dom(HTMLParser):
         self.injected = []
         self.title = ""
         self.text = []
+        self.cut_labels = []  # chart text Vega shortened with an ellipsis
 
     def _chart(self):
         for tag, attrs in reversed(self.stack):
@@ -99,6 +101,8 @@ class Dom(HTMLParser):
             self.errors_text.append(data)
         if "script" not in tags and "style" not in tags:
             self.text.append(data)
+        if "svg" in tags and self._chart() is not None and data.rstrip().endswith("\u2026"):
+            self.cut_labels.append(f"{self._chart()}: {data.strip()}")
 
 
 def heatmap_cells(study):
@@ -146,6 +150,8 @@ def check_dom(path, study_path, hostile):
         print(f"outlier heatmap: {got} rects for {cells} channel values")
         if cells and got != cells:
             failures.append(f"outlier heatmap drew {got} rects for {cells} values")
+    if dom.cut_labels and not hostile:  # the planted strings are too long for any label
+        failures.append("labels cut short: " + " | ".join(dom.cut_labels[:5]))
     if hostile:
         if dom.injected:
             failures.append(f"planted markup became elements: {dom.injected}")

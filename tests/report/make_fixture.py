@@ -197,6 +197,9 @@ SCHEMES = [
     ("kvquant2", "kvquant2", "kvquant2", False, 352, 1.1, 0.038, 0.1),
     ("gear4", "gear4", "gear4", False, 700, 0.1, 1.9e-3, 0.0),
     ("gear2", "gear2", "gear2", False, 450, 0.9, 0.03, 0.1),
+    # Policies differ only at the end of a long name: a chart must not cut it.
+    ("policy:docs/study/policies/kivi2_boundary.txt", "kivi2", "kivi2", False, 410, 1.0, 0.04, 0.1),
+    ("policy:docs/study/policies/int2_boundary.txt", "int2", "int2", False, 350, 6.1, 0.3, 0.5),
 ]
 
 

@@ -177,25 +177,22 @@ StatusOr<MaybeChart> CompareFakeQuant(const std::vector<json>& studies,
   json spec = BaseSpec();
   spec["data"] = {{"values", values}};
   spec["facet"] = {{"column", {{"field", "bits"}, {"type", "nominal"}, {"title", nullptr}}}};
-  spec["spec"] = {{"width", 260},
-                  {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
-                  {"encoding",
-                   {{"y",
-                     {{"field", "row"},
-                      {"type", "nominal"},
-                      {"sort", nullptr},
-                      {"title", nullptr}}},
-                    {"x",
-                     {{"field", "score_rel_error"},
-                      {"type", "quantitative"},
-                      {"title", "attention-score relative error"}}},
-                    {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
-                    {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
-                    {"tooltip", Tooltip({{"model", "nominal"},
-                                         {"row", "nominal"},
-                                         {"bits", "nominal"},
-                                         {"score_rel_error", "quantitative"},
-                                         {"output_rel_error", "quantitative"}})}}}};
+  spec["spec"] = {
+      {"width", 260},
+      {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+      {"encoding",
+       {{"y", {{"field", "row"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
+        {"x",
+         {{"field", "score_rel_error"},
+          {"type", "quantitative"},
+          {"title", "attention-score relative error"}}},
+        {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+        {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+        {"tooltip", Tooltip({{"model", "nominal"},
+                             {"row", "nominal"},
+                             {"bits", "nominal"},
+                             {"score_rel_error", "quantitative"},
+                             {"output_rel_error", "quantitative"}})}}}};
   spec["resolve"] = {{"scale", {{"x", "independent"}}}};
   return MaybeChart(StudyChart{
       "compare-fake-quant", "The write-up's table, model by model",

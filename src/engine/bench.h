@@ -3,8 +3,8 @@
 // tokens already in the cache, repeated to give mean ± sd tokens/s.
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 

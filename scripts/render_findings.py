@@ -331,14 +331,24 @@ def read_lines(path):
     return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
+def needle_cell(path):
+    """A needle cell file's (task, context): TASK_cCONTEXT_dDEPTH.jsonl."""
+    task, context = re.fullmatch(r"(.+)_c([0-9]+)_d[0-9.]+", path.stem).groups()
+    return task, int(context)
+
+
+def needle_cells(scheme_dir):
+    """{cell file: its complete records} in one scheme's needle folder."""
+    return {f: read_lines(f) for f in sorted(scheme_dir.glob("*.jsonl"))}
+
+
 def needle_tally(cells):
     """Correct answers by context over a scheme's recorded needle trials, e.g.
     "correct at 1024 100/100, 2048 37/50"; `cells` maps each cell file
     (TASK_cCONTEXT_dDEPTH.jsonl) to its records."""
     by_context = {}
     for f, records in cells.items():
-        context = int(re.search(r"_c([0-9]+)_d", f.name).group(1))
-        tally = by_context.setdefault(context, [0, 0])
+        tally = by_context.setdefault(needle_cell(f)[1], [0, 0])
         tally[0] += sum(1 for r in records if r.get("correct"))
         tally[1] += len(records)
     return "correct at " + ", ".join(f"{c} {k}/{n}" for c, (k, n) in sorted(by_context.items()))
@@ -352,15 +362,15 @@ def render_needle_recorded(study_dir, model):
     tallies, pairs = {}, set()
     for d in sorted(p for p in root.glob("*") if p.is_dir()):
         tally = tallies.setdefault(scheme_of(d.name), {})
-        for f in sorted(d.glob("*.jsonl")):
-            task, context = re.fullmatch(r"(.+)_c([0-9]+)_d[0-9.]+", f.stem).groups()
+        for f, records in needle_cells(d).items():
+            cell = needle_cell(f)
             first = {}  # a trial's first record counts, as kvq's needle stage counts it
-            for r in read_lines(f):
+            for r in records:
                 first.setdefault(r.get("trial"), r)
-            k = tally.setdefault((task, int(context)), [0, 0])
+            k = tally.setdefault(cell, [0, 0])
             k[0] += sum(1 for r in first.values() if r.get("correct"))
             k[1] += len(first)
-            pairs.add((task, int(context)))
+            pairs.add(cell)
     if not tallies:
         raise KeyError(f"block 'needle_recorded {model}': no trials under {root}")
     known = ["single_repeat", "single_needle", "multikey_repeat", "multivalue_repeat"]
@@ -390,7 +400,7 @@ def render_progress(study_dir):
                 count = "done" if stage == "end_to_end" and recs else f"{len(recs)} {unit}"
                 rows.append((folder.name, stage, scheme_of(f.stem), count, recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
-            cells = {f: read_lines(f) for f in sorted(d.glob("*.jsonl"))}
+            cells = needle_cells(d)
             recs = [r for records in cells.values() for r in records]
             rows.append((folder.name, "needle", scheme_of(d.name),
                          f"{len(recs)} trials in {len(cells)} cells; {needle_tally(cells)}", recs))
@@ -492,11 +502,11 @@ def prose_numbers_missing(doc):
     3", "§4"). So a figure quoted beside the wrong table, or under one
     model's heading from another model's table without naming it, or one
     that matches an unrelated block elsewhere in the page, does not pass."""
-    parts = sections(doc)
-    held = {key: block_figures(text) for key, text in parts.items()}
+    subs_of = {key: [(aliases, sub, block_figures(sub)) for aliases, sub in subsections(text)]
+               for key, text in sections(doc).items()}
+    held = {key: set().union(*(figs for _, _, figs in subs)) for key, subs in subs_of.items()}
     missing = set()
-    for key, text in parts.items():
-        subs = [(aliases, sub, block_figures(sub)) for aliases, sub in subsections(text)]
+    for key, subs in subs_of.items():
         for aliases, sub, own in subs:
             prose = re.sub(r"```.*?```", "", BLOCK.sub("", sub), flags=re.S)
             for paragraph in re.split(r"\n\s*\n|\n(?=- )", prose):

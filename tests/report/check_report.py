@@ -101,8 +101,10 @@ class Dom(HTMLParser):
             self.errors_text.append(data)
         if "script" not in tags and "style" not in tags:
             self.text.append(data)
-        if "svg" in tags and self._chart() is not None and data.rstrip().endswith("\u2026"):
-            self.cut_labels.append(f"{self._chart()}: {data.strip()}")
+        if "svg" in tags and data.rstrip().endswith("\u2026"):
+            chart = self._chart()
+            if chart is not None:
+                self.cut_labels.append(f"{chart}: {data.strip()}")
 
 
 def heatmap_cells(study):

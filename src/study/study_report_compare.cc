@@ -33,6 +33,9 @@ using study_report::ReadNeedleCells;
 using study_report::TableRow;
 using study_report::Tooltip;
 
+// Colour and shape channels: one per model, in the order the studies came.
+json ModelField() { return {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}; }
+
 // A short, unique label per study: the model file's name.
 StatusOr<std::vector<std::string>> ModelLabels(const std::vector<json>& studies) {
   std::vector<std::string> labels;
@@ -130,8 +133,8 @@ StatusOr<MaybeChart> CompareSchemes(const std::vector<json>& studies,
         {"encoding",
          {{"y", {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
           {"x", {{"field", field}, {"type", "quantitative"}, {"title", title}, {"scale", scale}}},
-          {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
-          {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+          {"color", ModelField()},
+          {"shape", ModelField()},
           {"tooltip", Tooltip({{"model", "nominal"},
                                {"scheme", "nominal"},
                                {"bits_per_value", "quantitative"},
@@ -186,8 +189,8 @@ StatusOr<MaybeChart> CompareFakeQuant(const std::vector<json>& studies,
          {{"field", "score_rel_error"},
           {"type", "quantitative"},
           {"title", "attention-score relative error"}}},
-        {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
-        {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+        {"color", ModelField()},
+        {"shape", ModelField()},
         {"tooltip", Tooltip({{"model", "nominal"},
                              {"row", "nominal"},
                              {"bits", "nominal"},
@@ -255,7 +258,7 @@ StatusOr<MaybeChart> CompareLayers(const std::vector<json>& studies,
                       {"title", "layer / (layers - 1)"},
                       {"axis", {{"format", ".0%"}}}}},
                     {"y", {{"field", "value"}, {"type", "quantitative"}, {"title", nullptr}}},
-                    {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+                    {"color", ModelField()},
                     {"tooltip", Tooltip({{"model", "nominal"},
                                          {"layer", "ordinal"},
                                          {"metric", "nominal"},
@@ -351,8 +354,8 @@ StatusOr<MaybeChart> CompareTasks(const std::vector<json>& studies,
           {"type", "quantitative"},
           {"axis", {{"format", ".0%"}}},
           {"scale", {{"domain", {0, 1}}}}}},
-        {"color", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
-        {"shape", {{"field", "model"}, {"type", "nominal"}, {"sort", nullptr}}},
+        {"color", ModelField()},
+        {"shape", ModelField()},
         {"tooltip", Tooltip({{"model", "nominal"},
                              {"test", "nominal"},
                              {"scheme", "nominal"},

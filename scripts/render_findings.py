@@ -320,9 +320,44 @@ def simd_targets(counts):
     return ", ".join(f"{t or 'not recorded'} {n}" for t, n in sorted(counts.items()))
 
 
-def scheme_of(stem):
-    """A results file's scheme: its stem without ResultFileStem's 8-digit hash."""
-    return re.sub(r"-[0-9a-f]{8}$", "", stem)
+def result_file_stem(name):
+    """kvq's ResultFileStem (src/study/study_resume.cc): the scheme's name with
+    characters other than [A-Za-z0-9._-] as "_", cut to 64, then "-" and the
+    FNV-1a hash of the whole name, so "int4+rot" -> "int4_rot-2093aa04"."""
+    stem, h = "", 2166136261
+    for byte in name.encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+        c = chr(byte)
+        stem += c if c.isascii() and (c.isalnum() or c in "._-") else "_"
+    return f"{stem[:64]}-{h:08x}"
+
+
+def json_strings(value):
+    """Every string (keys included) in a parsed JSON value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from json_strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from json_strings(v)
+
+
+def scheme_spellings(model_dir):
+    """{results file stem: the scheme's name as written} for every name in the
+    model's JSONs (a stem's hash is of the exact name, so a match is that name)."""
+    names = set()
+    for f in pathlib.Path(model_dir).glob("*.json"):
+        names.update(json_strings(json.loads(f.read_text())))
+    return {result_file_stem(n): n for n in names}
+
+
+def scheme_of(stem, spellings=None):
+    """A results file's scheme: its name as the model's JSONs write it, or, for a
+    scheme no JSON names yet, the stem without ResultFileStem's 8-digit hash."""
+    return (spellings or {}).get(stem) or re.sub(r"-[0-9a-f]{8}$", "", stem)
 
 
 def read_lines(path):
@@ -356,12 +391,14 @@ def needle_tally(cells):
 
 def render_needle_recorded(study_dir, model):
     """Every needle trial recorded under M/results/needle/ so far, per scheme and
-    (task, context), over the depths: the schemes needle.json does not hold
-    yet (it takes a scheme once every cell f16 passes has run) included."""
+    (task, context), over the depths: the schemes and contexts needle.json
+    does not hold yet (it is written for the grid its command names) included;
+    schemes are named as the model's JSONs spell them."""
     root = pathlib.Path(study_dir) / model / "results" / "needle"
+    spellings = scheme_spellings(pathlib.Path(study_dir) / model)
     tallies, pairs = {}, set()
     for d in sorted(p for p in root.glob("*") if p.is_dir()):
-        tally = tallies.setdefault(scheme_of(d.name), {})
+        tally = tallies.setdefault(scheme_of(d.name, spellings), {})
         for f, records in needle_cells(d).items():
             cell = needle_cell(f)
             first = {}  # a trial's first record counts, as kvq's needle stage counts it
@@ -392,17 +429,17 @@ def render_progress(study_dir):
     """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
     rows = []
     for folder in sorted(p for p in pathlib.Path(study_dir).iterdir() if (p / "results").is_dir()):
-        results = folder / "results"
+        results, spellings = folder / "results", scheme_spellings(folder)
         for stage, unit in (("gsm8k", "problems"), ("context_kl", "lengths"),
                             ("end_to_end", "runs")):
             for f in sorted((results / stage).glob("*.jsonl")):
                 recs = read_lines(f)
                 count = "done" if stage == "end_to_end" and recs else f"{len(recs)} {unit}"
-                rows.append((folder.name, stage, scheme_of(f.stem), count, recs))
+                rows.append((folder.name, stage, scheme_of(f.stem, spellings), count, recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
             cells = needle_cells(d)
             recs = [r for records in cells.values() for r in records]
-            rows.append((folder.name, "needle", scheme_of(d.name),
+            rows.append((folder.name, "needle", scheme_of(d.name, spellings),
                          f"{len(recs)} trials in {len(cells)} cells; {needle_tally(cells)}", recs))
     out = [[model, stage, f"`{scheme}`", count,
             simd_targets(Counter(r.get("simd_target", "") for r in recs))]
@@ -573,6 +610,13 @@ def self_test(study_dir):
             if want not in recorded:
                 print("self-test: the recorded-needle block miscounted:\n" + recorded)
                 return 1
+    # Folder names kvq wrote (tests/study/study_tasks_test.cc pins the same three).
+    for name, stem in (("int4+rot", "int4_rot-2093aa04"), ("f16/int4", "f16_int4-1f9d758c"),
+                       ("policy:docs/study/policies/int4_layer0.txt",
+                        "policy_docs_study_policies_int4_layer0.txt-2b2511d7")):
+        if result_file_stem(name) != stem or scheme_of(stem, {stem: name}) != name:
+            print(f"self-test: {name} does not map to and from its results stem {stem}")
+            return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")
         return 1

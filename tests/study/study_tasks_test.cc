@@ -277,6 +277,12 @@ TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
   fs::remove_all(dir);
   EXPECT_NE(ResultFileStem("f16/int4"), ResultFileStem("f16_int4"));
   EXPECT_EQ(ResultFileStem("f16/int4").find('/'), std::string::npos);
+  // The shipped results folders carry these names, and scripts/render_findings.py
+  // maps them back to the schemes' spellings with the same three pinned.
+  EXPECT_EQ(ResultFileStem("int4+rot"), "int4_rot-2093aa04");
+  EXPECT_EQ(ResultFileStem("f16/int4"), "f16_int4-1f9d758c");
+  EXPECT_EQ(ResultFileStem("policy:docs/study/policies/int4_layer0.txt"),
+            "policy_docs_study_policies_int4_layer0.txt-2b2511d7");
 }
 
 // The needle stage end to end: f16 first, cells written per file, a killed

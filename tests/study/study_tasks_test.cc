@@ -275,6 +275,9 @@ TEST(StudyResumeTest, LogDropsACutShortLineAndRefusesGarbage) {
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.message().find("different configuration"), std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST(StudyResumeTest, ResultFileStemIsAPathPartAndStable) {
   EXPECT_NE(ResultFileStem("f16/int4"), ResultFileStem("f16_int4"));
   EXPECT_EQ(ResultFileStem("f16/int4").find('/'), std::string::npos);
   // The shipped results folders carry these names, and scripts/render_findings.py

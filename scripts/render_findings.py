@@ -345,19 +345,17 @@ def json_strings(value):
             yield from json_strings(v)
 
 
-def scheme_spellings(model_dir):
-    """{results file stem: the scheme's name as written} for every name in the
-    model's JSONs (a stem's hash is of the exact name, so a match is that name)."""
-    names = set()
-    for f in pathlib.Path(model_dir).glob("*.json"):
-        names.update(json_strings(json.loads(f.read_text())))
-    return {result_file_stem(n): n for n in names}
+def scheme_spellings(study):
+    """{results file stem: the scheme's name as written} for every string in a
+    model's loaded study (load_studies: study.json with its stages' JSONs); a
+    stem's hash is of the exact name, so a match is that name."""
+    return {result_file_stem(n): n for n in set(json_strings(study))}
 
 
-def scheme_of(stem, spellings=None):
+def scheme_of(stem, spellings):
     """A results file's scheme: its name as the model's JSONs write it, or, for a
     scheme no JSON names yet, the stem without ResultFileStem's 8-digit hash."""
-    return (spellings or {}).get(stem) or re.sub(r"-[0-9a-f]{8}$", "", stem)
+    return spellings.get(stem) or re.sub(r"-[0-9a-f]{8}$", "", stem)
 
 
 def read_lines(path):
@@ -389,13 +387,13 @@ def needle_tally(cells):
     return "correct at " + ", ".join(f"{c} {k}/{n}" for c, (k, n) in sorted(by_context.items()))
 
 
-def render_needle_recorded(study_dir, model):
+def render_needle_recorded(study_dir, model, studies):
     """Every needle trial recorded under M/results/needle/ so far, per scheme and
     (task, context), over the depths: the schemes and contexts needle.json
     does not hold yet (it is written for the grid its command names) included;
     schemes are named as the model's JSONs spell them."""
     root = pathlib.Path(study_dir) / model / "results" / "needle"
-    spellings = scheme_spellings(pathlib.Path(study_dir) / model)
+    spellings = scheme_spellings(studies.get(model, {}))
     tallies, pairs = {}, set()
     for d in sorted(p for p in root.glob("*") if p.is_dir()):
         tally = tallies.setdefault(scheme_of(d.name, spellings), {})
@@ -425,11 +423,11 @@ def render_needle_recorded(study_dir, model):
     return table(["scheme", "context"] + tasks + ["all tasks"], rows)
 
 
-def render_progress(study_dir):
+def render_progress(study_dir, studies):
     """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
     rows = []
     for folder in sorted(p for p in pathlib.Path(study_dir).iterdir() if (p / "results").is_dir()):
-        results, spellings = folder / "results", scheme_spellings(folder)
+        results, spellings = folder / "results", scheme_spellings(studies.get(folder.name, {}))
         for stage, unit in (("gsm8k", "problems"), ("context_kl", "lengths"),
                             ("end_to_end", "runs")):
             for f in sorted((results / stage).glob("*.jsonl")):
@@ -480,9 +478,9 @@ def render(doc, studies, study_dir):
         elif kind == "context_kl_sizes":
             body = render_context_kl_sizes(studies)
         elif kind == "progress":
-            body = render_progress(study_dir)
+            body = render_progress(study_dir, studies)
         elif kind == "needle_recorded":
-            body = render_needle_recorded(study_dir, model)
+            body = render_needle_recorded(study_dir, model, studies)
         elif kind == "coverage":
             body = render_coverage(studies, study_dir)
         elif kind in RENDERERS:
@@ -596,14 +594,14 @@ def self_test(study_dir):
             '{"trial": 0, "correct": true}\n{"trial": 1, "corr')
         for want in ("| m | gsm8k | `f16` | 2 problems | AVX2 2 |",
                      "| m | needle | `kivi4` | 3 trials in 2 cells; correct at 1024 1/2, 2048 1/1 |"):
-            if want not in render_progress(tmp):
-                print("self-test: the progress block miscounted:\n" + render_progress(tmp))
+            if want not in render_progress(tmp, {}):
+                print("self-test: the progress block miscounted:\n" + render_progress(tmp, {}))
                 return 1
         repeated = needle.parent / "int2-0123abcd"  # a trial recorded twice counts once, first
         repeated.mkdir()
         (repeated / "single_needle_c1024_d0.250.jsonl").write_text(
             '{"trial": 0, "correct": true}\n{"trial": 0, "correct": false}\n')
-        recorded = render_needle_recorded(tmp, "m")
+        recorded = render_needle_recorded(tmp, "m", {})
         for want in ("| `int2` | 1024 | - | 1/1 | - | 1/1 (100.0%) |",
                      "| `kivi4` | 1024 | 1/2 | - | - | 1/2 (50.0%) |",
                      "| `kivi4` | 2048 | - | - | 1/1 | 1/1 (100.0%) |"):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -231,9 +232,10 @@ class RowScorer {
 
 // One window in a fresh sequence, fed `batch` tokens at a time; rows from
 // `first` on (each predicting the next token) are scored.
+// `on_chunk(n)` follows each forward call of n tokens.
 Status ScoreWindow(Transformer& transformer, KvCache& cache, const int32_t* window, int64_t context,
                    int64_t first, int64_t batch, RowScorer& scorer, MeanAccumulator* window_nll,
-                   std::vector<float>* logits) {
+                   std::vector<float>* logits, const std::function<void(int64_t)>& on_chunk) {
   const SeqId seq = 0;
   const int64_t vocab = transformer.config().vocab_size;
   KVQ_RETURN_IF_ERROR(cache.AddSequence(seq));
@@ -253,12 +255,14 @@ Status ScoreWindow(Transformer& transformer, KvCache& cache, const int32_t* wind
     const bool scored = start + n - 1 >= first;
     KVQ_RETURN_IF_ERROR(transformer.Forward({{seq, std::vector<int32_t>(chunk, chunk + n), scored}},
                                             cache, logits));
-    if (!scored) continue;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = start + i;
-      if (row < first || row > context - 2) continue;
-      KVQ_RETURN_IF_ERROR(scorer.Score(logits->data() + i * vocab, window[row + 1], window_nll));
+    if (scored) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = start + i;
+        if (row < first || row > context - 2) continue;
+        KVQ_RETURN_IF_ERROR(scorer.Score(logits->data() + i * vocab, window[row + 1], window_nll));
+      }
     }
+    on_chunk(n);
   }
   return Status::Ok();
 }
@@ -267,7 +271,7 @@ Status ScoreWindow(Transformer& transformer, KvCache& cache, const int32_t* wind
 
 StatusOr<PerplexityResult> RunPerplexity(
     LoadedModel& model, KvCache& cache, const std::string& text, const PerplexityOptions& options,
-    const std::function<void(const PerplexityProgress&)>& on_window) {
+    const std::function<void(const PerplexityProgress&)>& on_progress) {
   Transformer& transformer = *model.transformer;
   const int64_t vocab = transformer.config().vocab_size;
   const int64_t context = options.context;
@@ -308,21 +312,27 @@ StatusOr<PerplexityResult> RunPerplexity(
   const auto seconds = [&start_time] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   };
+  PerplexityProgress p;
+  p.windows = windows;
+  p.tokens_total = windows * context;
+  const auto on_chunk = [&](int64_t n) {
+    p.tokens_fed += n;
+    p.seconds = seconds();
+    if (on_progress) on_progress(p);
+  };
   for (int64_t w = 0; w < windows; ++w) {
     MeanAccumulator window_nll;
+    p.window = w + 1;
+    p.window_done = false;
     KVQ_RETURN_IF_ERROR(ScoreWindow(transformer, cache, fed.data() + w * context, context, first,
-                                    options.batch, scorer, &window_nll, &logits));
+                                    options.batch, scorer, &window_nll, &logits, on_chunk));
     result.running_ppl.push_back(std::exp(scorer.nll().Mean()));
-    if (on_window) {
-      PerplexityProgress p;
-      p.window = w + 1;
-      p.windows = windows;
-      p.running_ppl = result.running_ppl.back();
-      p.window_ppl = std::exp(window_nll.Mean());
-      p.tokens_scored = scorer.nll().n;
-      p.seconds = seconds();
-      on_window(p);
-    }
+    p.window_done = true;
+    p.running_ppl = result.running_ppl.back();
+    p.window_ppl = std::exp(window_nll.Mean());
+    p.tokens_scored = scorer.nll().n;
+    p.seconds = seconds();
+    if (on_progress) on_progress(p);
   }
   result.seconds = seconds();
   KVQ_RETURN_IF_ERROR(scorer.Close());

@@ -52,6 +52,10 @@ struct PerplexityProgress {
   double window_ppl = 0;  // this window alone
   int64_t tokens_scored = 0;
   double seconds = 0;
+  // Tokens through the model so far, of windows x context in all: a window
+  // of 32K tokens takes an hour on one thread, so callers hear of each chunk.
+  int64_t tokens_fed = 0, tokens_total = 0;
+  bool window_done = false;  // false: a chunk inside a window (the PPL fields are stale)
 };
 
 struct PerplexityResult {
@@ -71,10 +75,11 @@ struct PerplexityResult {
 std::vector<int32_t> PerplexityTokens(const LoadedModel& model, const std::string& text);
 
 // `cache` must have room for `options.context` tokens of sequence 0; the
-// sequence is added and released for every window.
+// sequence is added and released for every window. `on_progress` is called
+// after every forward chunk and at the end of every window (window_done).
 StatusOr<PerplexityResult> RunPerplexity(
     LoadedModel& model, KvCache& cache, const std::string& text, const PerplexityOptions& options,
-    const std::function<void(const PerplexityProgress&)>& on_window = nullptr);
+    const std::function<void(const PerplexityProgress&)>& on_progress = nullptr);
 
 // KL(base || this) in nats for one position: log-probs over the same
 // vocabulary, base[i] = -inf where the base stores no probability (llama.cpp's

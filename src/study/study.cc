@@ -418,8 +418,13 @@ Status RunContextKlStage(LoadedModel& model, const std::string& text,
       out["context_kl"],
       RunContextKlStudy(model, text, Sha256Hex(text), F16First(o.context_kl.schemes), options,
                         o.context_kl.dir, [&](const ContextKlProgress& p) {
-                          report("context_kl " + p.scheme + " @ " + std::to_string(p.length),
-                                 "point", p.done, p.total);
+                          const std::string stage =
+                              "context_kl " + p.scheme + " @ " + std::to_string(p.length);
+                          if (p.tokens_total == 0) {
+                            report(stage, "point", p.done, p.total);
+                          } else {
+                            report(stage, "tokens", p.tokens_fed, p.tokens_total);
+                          }
                         }));
   return Status::Ok();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -25,10 +26,11 @@ bool IsBaseline(const SchemeSpec& s) {
 
 // One (scheme, length) point: the scheme's cache over `windows` windows of
 // `length`, against the f16 log-probs in `baseline` (written when the scheme
-// is the baseline itself).
+// is the baseline itself). `on_tokens` follows every forward chunk.
 StatusOr<Json> MeasurePoint(LoadedModel& model, const std::string& text, const SchemeSpec& spec,
                             int64_t length, int64_t windows, const ContextKlOptions& o,
-                            const std::string& baseline) {
+                            const std::string& baseline,
+                            const std::function<void(int64_t fed, int64_t total)>& on_tokens) {
   const auto start = std::chrono::steady_clock::now();
   const KvCacheOptions cache_options =
       SchemeCacheOptions(spec, length, o.threads, o.calibration_path);
@@ -45,7 +47,10 @@ StatusOr<Json> MeasurePoint(LoadedModel& model, const std::string& text, const S
   } else {
     p.kl_base_path = baseline;
   }
-  KVQ_ASSIGN_OR_RETURN(PerplexityResult r, RunPerplexity(model, *cache, text, p));
+  KVQ_ASSIGN_OR_RETURN(PerplexityResult r,
+                       RunPerplexity(model, *cache, text, p, [&](const PerplexityProgress& q) {
+                         if (!q.window_done) on_tokens(q.tokens_fed, q.tokens_total);
+                       }));
   Json point = {{"context", length},
                 {"windows", r.windows},
                 {"positions", r.tokens_scored},
@@ -207,9 +212,16 @@ StatusOr<Json> RunContextKlStudy(LoadedModel& model, const std::string& text,
       if (s == 0 && done[0].count(length) && BaselineComplete(baseline, length, windows)) continue;
       p.length = length;
       p.scheme = schemes[s].name;
+      p.tokens_fed = p.tokens_total = 0;
       if (progress) progress(p);
-      KVQ_ASSIGN_OR_RETURN(Json point,
-                           MeasurePoint(model, text, schemes[s], length, windows, o, baseline));
+      const auto on_tokens = [&](int64_t fed, int64_t total) {
+        p.tokens_fed = fed;
+        p.tokens_total = total;
+        if (progress) progress(p);
+      };
+      KVQ_ASSIGN_OR_RETURN(Json point, MeasurePoint(model, text, schemes[s], length, windows, o,
+                                                    baseline, on_tokens));
+      p.tokens_fed = p.tokens_total = 0;
       if (!done[s].count(length)) {  // the baseline re-ran only to remake its log-probs
         KVQ_RETURN_IF_ERROR(logs[s].Append(point));
         done[s][length] = logs[s].records().back();  // as stamped

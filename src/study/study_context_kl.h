@@ -42,6 +42,9 @@ struct ContextKlProgress {
   int64_t length = 0;
   std::string scheme;
   int64_t done = 0, total = 0;  // (length, scheme) points recorded / asked for
+  // Inside the running point (0 of 0 when it starts): one 32K point takes an
+  // hour on one thread.
+  int64_t tokens_fed = 0, tokens_total = 0;
 };
 
 // `schemes` must start with the f16 baseline (F16First). `text_digest`

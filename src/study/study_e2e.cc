@@ -234,7 +234,7 @@ StatusOr<SchemeResult> RunSchemeEndToEnd(
     popts.kl_base_path = options.baseline_logits_path;
   }
   auto on_window = [&](const PerplexityProgress& p) {
-    if (progress) progress({"perplexity", p.window, p.windows});
+    if (progress && p.window_done) progress({"perplexity", p.window, p.windows});
   };
   KVQ_ASSIGN_OR_RETURN(r.ppl, RunPerplexity(model, *cache, text, popts, on_window));
   if (is_baseline) {

@@ -64,10 +64,18 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
                options->rotate ? " rotated" : "", plan->layout.BytesPerToken(),
                (long long)flags.context);
   const bool live = isatty(STDERR_FILENO) != 0;
-  auto on_window = [live](const PerplexityProgress& p) {
+  double last_line = 0;  // seconds, for a log's line a minute inside long windows
+  auto on_progress = [live, &last_line](const PerplexityProgress& p) {
     const double tps = p.seconds > 0 ? p.tokens_scored / p.seconds : 0;
-    if (live) {
-      std::fprintf(stderr, "\r[%lld/%lld] PPL %.4f (window %.4f), %lld tokens scored, %.1f s",
+    if (!p.window_done) {
+      if (!live && p.seconds - last_line < 60) return;
+      std::fprintf(stderr,
+                   live ? "\r\033[K[%lld/%lld] %lld/%lld tokens fed, %.1f s"
+                        : "[%lld/%lld] %lld/%lld tokens fed, %.1f s\n",
+                   (long long)p.window, (long long)p.windows, (long long)p.tokens_fed,
+                   (long long)p.tokens_total, p.seconds);
+    } else if (live) {
+      std::fprintf(stderr, "\r\033[K[%lld/%lld] PPL %.4f (window %.4f), %lld tokens scored, %.1f s",
                    (long long)p.window, (long long)p.windows, p.running_ppl, p.window_ppl,
                    (long long)p.tokens_scored, p.seconds);
       if (p.window == p.windows) std::fputc('\n', stderr);
@@ -76,9 +84,10 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
                    (long long)p.window, (long long)p.windows, p.running_ppl, p.window_ppl,
                    p.seconds, tps);
     }
+    last_line = p.seconds;
     std::fflush(stderr);
   };
-  auto result = RunPerplexity(*loaded, **cache, *text, popts, on_window);
+  auto result = RunPerplexity(*loaded, **cache, *text, popts, on_progress);
   if (!result.ok()) {
     if (live) std::fputc('\n', stderr);
     return CommandError("perplexity", result.status().message());

@@ -120,6 +120,39 @@ TEST_F(PerplexityTest, StreamingEqualsBruteForceReference) {
   EXPECT_EQ(limited->tokens_scored, 30);
 }
 
+// Progress comes after every forward chunk (a 32K window is an hour on one
+// thread) and once at the end of each window with its PPL: 3 windows of 32
+// tokens fed 5 at a time are 7 chunks each (6 of 5, one of 2).
+TEST_F(PerplexityTest, ProgressFollowsEveryChunkAndEveryWindow) {
+  const std::string text = test_util::WordText(32 * 3);
+  PerplexityOptions options;
+  options.context = 32;
+  options.batch = 5;
+  std::vector<PerplexityProgress> events;
+  auto cache = Cache("f32");
+  auto result = RunPerplexity(model_, *cache, text, options,
+                              [&](const PerplexityProgress& p) { events.push_back(p); });
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  ASSERT_EQ(events.size(), 3u * (7 + 1));
+  int64_t fed = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const PerplexityProgress& p = events[i];
+    const int64_t window = static_cast<int64_t>(i / 8) + 1;
+    const int64_t chunk = static_cast<int64_t>(i % 8);  // 7: the window's end
+    EXPECT_EQ(p.window, window) << i;
+    EXPECT_EQ(p.windows, 3) << i;
+    EXPECT_EQ(p.tokens_total, 96) << i;
+    EXPECT_EQ(p.window_done, chunk == 7) << i;
+    if (chunk < 7) fed += chunk < 6 ? 5 : 2;
+    EXPECT_EQ(p.tokens_fed, fed) << i;
+    if (p.window_done) {
+      EXPECT_DOUBLE_EQ(p.running_ppl, result->running_ppl[window - 1]) << i;
+      EXPECT_EQ(p.tokens_scored, window * 15) << i;
+    }
+  }
+  EXPECT_EQ(fed, 96);
+}
+
 // A run against its own saved f16 log-probs. Each stored value is the f32
 // log-prob l rounded to f16: |delta| <= 2^-11 |l| (round to nearest, normal
 // range; below 2^-14 the absolute error is <= 2^-25), plus the double -> f32

@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv/kv_factory.h"
@@ -621,9 +622,14 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   ContextKlOptions o;
   o.lengths = {128, 64};
   o.positions = 100;
-  int64_t events = 0;
+  int64_t events = 0;  // point events: a point starts, and the final report
+  std::vector<std::pair<int64_t, int64_t>> tokens;  // (fed, total) inside points
   ContextKlProgress last;
   auto count = [&](const ContextKlProgress& p) {
+    if (p.tokens_total > 0) {
+      tokens.emplace_back(p.tokens_fed, p.tokens_total);
+      return;
+    }
     ++events;
     last = p;
   };
@@ -651,6 +657,16 @@ TEST_F(StudyTasksTest, ContextKlMeasuresEachLengthOnceAndResumes) {
   EXPECT_EQ(int2["nominal_bits"], 2);
   EXPECT_EQ(j["best_2bit"], "int2");
   EXPECT_EQ(events, 4 + 1);
+  // Inside each point, a token event per forward chunk (one per window at the
+  // default batch of 512): f16 and int2 at 64 (4 windows), then at 128 (2).
+  using Fed = std::vector<std::pair<int64_t, int64_t>>;
+  const Fed at64 = {{64, 256}, {128, 256}, {192, 256}, {256, 256}};
+  const Fed at128 = {{128, 256}, {256, 256}};
+  Fed expected;
+  for (const Fed* point : {&at64, &at64, &at128, &at128}) {
+    expected.insert(expected.end(), point->begin(), point->end());
+  }
+  EXPECT_EQ(tokens, expected);
   EXPECT_EQ(last.done, 4);
   EXPECT_EQ(last.total, 4);
 
@@ -699,7 +715,7 @@ TEST_F(StudyTasksTest, ContextKlReusesACompleteBaselineAfterAStop) {
   o.positions = 60;
   std::vector<std::string> measured;
   auto record = [&](const ContextKlProgress& p) {
-    if (p.done < p.total) measured.push_back(p.scheme);
+    if (p.done < p.total && p.tokens_total == 0) measured.push_back(p.scheme);
   };
   EXPECT_FALSE(
       RunContextKlStudy(model_, text, "digest", Specs({"f16", "no-such-type"}), o, dir, record)

@@ -233,6 +233,30 @@ def render_needle(study):
     return text
 
 
+def render_needle_depth(study):
+    """The issue's grid, context x depth per scheme, the tasks pooled where f16 passes."""
+    if "needle" not in study:
+        raise KeyError("no needle section (kvq study --niah; needle.json)")
+    n = study["needle"]
+    passing = {(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]}
+    contexts = [c for c in n["contexts"] if any(ctx == c for _, ctx in passing)]
+    if not contexts:
+        return "f16 passes no (task, context) pair, so no scheme ran.\n"
+    rows = []
+    for s in n["schemes"]:
+        for ctx in contexts:
+            cells = [c for c in s["cells"] if c["context"] == ctx and (c["task"], ctx) in passing]
+            by_depth = [[c for c in cells if c["depth"] == d] for d in n["depths"]]
+            rows.append([f"`{s['name']}`", str(ctx)] +
+                        [f"{sum(c['correct'] for c in b)}/{sum(c['trials'] for c in b)}"
+                         if b else "-" for b in by_depth] + [cell_rate(cells)])
+    tasks = {ctx: sum(1 for _, c in passing if c == ctx) for ctx in contexts}
+    pooled = ", ".join(f"{tasks[c]} at {c}" for c in contexts)
+    return (f"Correct answers by context and depth, the tasks f16 passes pooled ({pooled}; "
+            f"{n['trials']} trials a task at each depth):\n\n" +
+            table(["scheme", "context"] + [f"depth {d:g}" for d in n["depths"]] + ["all"], rows))
+
+
 def needle_coverage(n):
     """What the needle grid holds: tasks f16 can do, contexts, trials a cell."""
     f16 = next(s for s in n["schemes"] if s["name"] == "f16")
@@ -449,6 +473,7 @@ def render_progress(study_dir, studies):
 
 RENDERERS = {"run": render_run, "structure": render_structure, "claims": render_claims,
              "e2e": render_e2e, "context_kl": render_context_kl, "needle": render_needle,
+             "needle_depth": render_needle_depth,
              "gsm8k": render_gsm8k}
 # Stages run on their own (kvq study --no-core ...) ship as SECTION.json beside
 # the model's study.json, or alone for a model without a core study.
@@ -614,6 +639,21 @@ def self_test(study_dir):
                         "policy_docs_study_policies_int4_layer0.txt-2b2511d7")):
         if result_file_stem(name) != stem or scheme_of(stem, {stem: name}) != name:
             print(f"self-test: {name} does not map to and from its results stem {stem}")
+            return 1
+    # The depth grid pools only the (task, context) pairs f16 passes.
+    cell = {"trials": 2, "depth": 0.5}
+    grid = {"needle": {"contexts": [1024, 2048], "depths": [0.5], "trials": 2, "per_task": [
+        {"task": "a", "f16_passing_contexts": [1024, 2048]},
+        {"task": "b", "f16_passing_contexts": [1024]}], "schemes": [{"name": "int4", "cells": [
+            dict(cell, task="a", context=1024, correct=2), dict(cell, task="b", context=1024,
+                                                                 correct=1),
+            dict(cell, task="a", context=2048, correct=0), dict(cell, task="b", context=2048,
+                                                                 correct=2)]}]}}
+    depth = render_needle_depth(grid)
+    for want in ("(2 at 1024, 1 at 2048;", "| `int4` | 1024 | 3/4 | 75.0% (3/4) |",
+                 "| `int4` | 2048 | 0/2 | 0.0% (0/2) |"):
+        if want not in depth:
+            print("self-test: the depth grid pooled the wrong cells:\n" + depth)
             return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")

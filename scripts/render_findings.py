@@ -257,15 +257,26 @@ def render_needle_depth(study):
             table(["scheme", "context"] + [f"depth {d:g}" for d in n["depths"]] + ["all"], rows))
 
 
+def span(values):
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
+
+
 def needle_coverage(n):
     """What the needle grid holds: tasks f16 can do, contexts, trials a cell."""
     f16 = next(s for s in n["schemes"] if s["name"] == "f16")
     trials = sorted({c["trials"] for s in n["schemes"] for c in s["cells"]})
     can = [t["task"] for t in n["per_task"] if t["model_can_do"]]
-    span = f"{trials[0]}" if len(trials) == 1 else f"{trials[0]}-{trials[-1]}"
+    passing = {(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]}
+    pooled = Counter()  # (scheme, context, depth) -> trials of the passing tasks
+    for s in n["schemes"]:
+        for c in s["cells"]:
+            if (c["task"], c["context"]) in passing:
+                pooled[s["name"], c["context"], c["depth"]] += c["trials"]
     contexts = sorted({c["context"] for c in f16["cells"]})
     return (f"{len(n['tasks'])} tasks at {', '.join(str(c) for c in contexts)}; "
-            f"{span} trials a cell; "
+            f"{span(trials)} trials a (task, depth) cell"
+            + (f", {span(sorted(set(pooled.values())))} a (context, depth) cell pooling "
+               f"the tasks f16 passes; " if pooled else "; ") +
             f"{'f16 alone' if len(n['schemes']) == 1 else str(len(n['schemes'])) + ' schemes'}; "
             f"f16 passes "
             f"{', '.join(can) if can else 'none'}")

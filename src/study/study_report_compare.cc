@@ -3,7 +3,6 @@
 // from the same JSON fields the single-study report reads.
 #include <algorithm>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -287,32 +286,13 @@ Status AppendGsm8k(const json& study, const std::string& label, json& values) {
   return Status::Ok();
 }
 
-// The (task, context) pairs where the study's f16 cache passed the needle test.
-StatusOr<std::set<std::pair<std::string, int64_t>>> NeedlePassingPairs(const json& needle) {
-  std::set<std::pair<std::string, int64_t>> pairs;
-  KVQ_ASSIGN_OR_RETURN(const json* tasks, ArrayMember(needle, "per_task", "needle"));
-  for (size_t i = 0; tasks != nullptr && i < tasks->size(); ++i) {
-    const std::string path = Index("needle.per_task", i);
-    KVQ_ASSIGN_OR_RETURN(std::string task, StringMember((*tasks)[i], "task", path));
-    KVQ_ASSIGN_OR_RETURN(const json* contexts,
-                         ArrayMember((*tasks)[i], "f16_passing_contexts", path));
-    for (size_t k = 0; contexts != nullptr && k < contexts->size(); ++k) {
-      if (!(*contexts)[k].is_number_integer()) {
-        return Status::Error(Join(path, "f16_passing_contexts") + ": not an integer");
-      }
-      pairs.emplace(task, (*contexts)[k].get<int64_t>());
-    }
-  }
-  return pairs;
-}
-
 // Each needle scheme's exact-match rate over the cells where f16 passes: the
 // same cells for every scheme (f16 also runs cells it fails, which would
 // otherwise pull its own rate below the schemes compared with it).
 Status AppendNeedle(const json& study, const std::string& label, json& values) {
   KVQ_ASSIGN_OR_RETURN(const json* needle, ObjectMember(study, "needle", ""));
   if (needle == nullptr) return Status::Ok();
-  KVQ_ASSIGN_OR_RETURN(auto passing, NeedlePassingPairs(*needle));
+  KVQ_ASSIGN_OR_RETURN(auto passing, study_report::NeedlePassingPairs(*needle));
   KVQ_ASSIGN_OR_RETURN(std::vector<NeedleCell> cells, ReadNeedleCells(*needle));
   std::vector<std::string> order;                            // schemes as the study lists them
   std::map<std::string, std::pair<int64_t, int64_t>> tally;  // scheme -> (correct, trials)

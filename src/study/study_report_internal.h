@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,11 @@ struct NeedleCell {
 };
 // Every scheme's cells, in order; a cell without its numbers is an error.
 StatusOr<std::vector<NeedleCell>> ReadNeedleCells(const nlohmann::json& needle);
+// The (task, context) pairs where the study's f16 cache passed the needle test.
+StatusOr<std::set<std::pair<std::string, int64_t>>> NeedlePassingPairs(
+    const nlohmann::json& needle);
+// Two tables: every (task, context) pair, then the grid, context by
+// depth, with the tasks f16 passes pooled.
 StatusOr<std::string> NeedleTable(const nlohmann::json& study);
 StatusOr<MaybeChart> Gsm8kChart(const nlohmann::json& study);
 StatusOr<std::string> Gsm8kTable(const nlohmann::json& study);

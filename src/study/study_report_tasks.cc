@@ -2,6 +2,7 @@
 // sections: a chart and a table each.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -56,6 +57,25 @@ StatusOr<std::vector<NeedleCell>> ReadNeedleCells(const json& needle) {
   return cells;
 }
 
+// The (task, context) pairs where the study's f16 cache passed the needle test.
+StatusOr<std::set<std::pair<std::string, int64_t>>> NeedlePassingPairs(const json& needle) {
+  std::set<std::pair<std::string, int64_t>> pairs;
+  KVQ_ASSIGN_OR_RETURN(const json* tasks, ArrayMember(needle, "per_task", "needle"));
+  for (size_t i = 0; tasks != nullptr && i < tasks->size(); ++i) {
+    const std::string path = Index("needle.per_task", i);
+    KVQ_ASSIGN_OR_RETURN(std::string task, StringMember((*tasks)[i], "task", path));
+    KVQ_ASSIGN_OR_RETURN(const json* contexts,
+                         ArrayMember((*tasks)[i], "f16_passing_contexts", path));
+    for (size_t k = 0; contexts != nullptr && k < contexts->size(); ++k) {
+      if (!(*contexts)[k].is_number_integer()) {
+        return Status::Error(Join(path, "f16_passing_contexts") + ": not an integer");
+      }
+      pairs.emplace(task, (*contexts)[k].get<int64_t>());
+    }
+  }
+  return pairs;
+}
+
 StatusOr<MaybeChart> NeedleChart(const json& study) {
   KVQ_ASSIGN_OR_RETURN(const json* needle, ObjectMember(study, "needle", ""));
   if (needle == nullptr) return MaybeChart();
@@ -91,6 +111,54 @@ StatusOr<MaybeChart> NeedleChart(const json& study) {
           rule + ". " + statement + ".",
       std::move(spec)});
 }
+
+namespace {
+
+// The grid: per scheme and context, correct / trials at each depth,
+// the tasks f16 passes at that context pooled (a scheme runs only those).
+std::string NeedleDepthTable(const std::vector<NeedleCell>& cells,
+                             const std::set<std::pair<std::string, int64_t>>& passing) {
+  std::vector<std::string> schemes;
+  std::vector<int64_t> contexts;
+  std::vector<double> depths;
+  // (scheme, context, depth) -> (correct, trials)
+  std::map<std::tuple<std::string, int64_t, double>, std::pair<int64_t, int64_t>> tally;
+  for (const NeedleCell& c : cells) {
+    if (passing.count({c.task, c.context}) == 0) continue;
+    if (std::find(schemes.begin(), schemes.end(), c.scheme) == schemes.end())
+      schemes.push_back(c.scheme);
+    contexts.push_back(c.context);
+    depths.push_back(c.depth);
+    auto& t = tally[{c.scheme, c.context, c.depth}];
+    t.first += c.correct;
+    t.second += c.trials;
+  }
+  if (tally.empty()) return std::string();
+  std::sort(contexts.begin(), contexts.end());
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
+  std::sort(depths.begin(), depths.end());
+  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
+  std::vector<std::string> header = {"scheme", "context"};
+  for (double d : depths) header.push_back("depth " + FormatNumber("%g", d));
+  std::string out = "<div class=\"scroll\"><table>\n" + TableRow(header, "th");
+  for (const std::string& s : schemes) {
+    for (int64_t context : contexts) {
+      std::vector<std::string> row = {EscapeHtml(s), std::to_string(context)};
+      for (double d : depths) {
+        auto it = tally.find({s, context, d});
+        row.push_back(it == tally.end() ? "not run"
+                                        : std::to_string(it->second.first) + "/" +
+                                              std::to_string(it->second.second));
+      }
+      out += TableRow(row);
+    }
+  }
+  return out +
+         "</table></div>\n<p class=\"caption\">By context and depth: each cell pools the "
+         "trials of every task f16 passes at that context.</p>\n";
+}
+
+}  // namespace
 
 StatusOr<std::string> NeedleTable(const json& study) {
   KVQ_ASSIGN_OR_RETURN(const json* needle, ObjectMember(study, "needle", ""));
@@ -136,7 +204,8 @@ StatusOr<std::string> NeedleTable(const json& study) {
       "context. Schemes other than f16 run only where f16 reaches 90% (<i>not run</i> "
       "elsewhere: there the model itself cannot do the task). " +
       EscapeHtml(statement) + ".</p>\n";
-  return out;
+  KVQ_ASSIGN_OR_RETURN(auto passing, NeedlePassingPairs(*needle));
+  return out + NeedleDepthTable(cells, passing);
 }
 
 StatusOr<MaybeChart> Gsm8kChart(const json& study) {

@@ -203,6 +203,29 @@ TEST(StudyReport, PageHoldsLibrariesChartsTablesAndSelfCheck) {
     EXPECT_NE(page.find(EscapeHtml(c["text"].get<std::string>())), std::string::npos) << c["text"];
   }
   EXPECT_NE(page.find("<td>not run</td>"), std::string::npos);
+  // The needle's context-by-depth grid pools the tasks f16 passes at each
+  // context: both at 512, single_repeat alone at 1024 (multikey fails there).
+  const json& needle = study["needle"];
+  for (const json& s : needle["schemes"]) {
+    for (int64_t context : {512, 1024}) {
+      std::string row = "<tr><td>" + s["name"].get<std::string>() + "</td><td>" +
+                        std::to_string(context) + "</td>";
+      for (const json& depth : needle["depths"]) {
+        int64_t correct = 0, trials = 0;
+        for (const json& c : s["cells"]) {
+          const bool pooled = c["task"] == "single_repeat" || context == 512;
+          if (c["context"] == context && c["depth"] == depth && pooled) {
+            correct += c["correct"].get<int64_t>();
+            trials += c["trials"].get<int64_t>();
+          }
+        }
+        EXPECT_EQ(trials, context == 512 ? 40 : 20);
+        row += "<td>" + std::to_string(correct) + "/" + std::to_string(trials) + "</td>";
+      }
+      EXPECT_NE(page.find(row + "</tr>"), std::string::npos) << row;
+    }
+  }
+  EXPECT_NE(page.find("<th>depth 0.25</th>"), std::string::npos);
   EXPECT_NE(page.find("<td><b>int2-c32-asym/int2-g32-asym</b></td>"), std::string::npos);
   EXPECT_NE(page.find("<th>exact McNemar p</th>"), std::string::npos);
   EXPECT_NE(page.find("<td>0.0987</td>"), std::string::npos);  // the fixture's pair

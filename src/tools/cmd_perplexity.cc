@@ -34,6 +34,40 @@ struct PerplexityFlags {
   KvFlags kv;
 };
 
+// Progress on stderr: a terminal gets one updating line; a log gets a line per
+// window and, inside windows (a 32K one takes an hour on one thread), one a
+// minute.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool live) : live_(live) {}
+  void operator()(const PerplexityProgress& p) {
+    if (!p.window_done) {
+      if (!live_ && p.seconds - last_line_ < 60) return;
+      std::fprintf(stderr,
+                   live_ ? "\r\033[K[%lld/%lld] %lld/%lld tokens fed, %.1f s"
+                         : "[%lld/%lld] %lld/%lld tokens fed, %.1f s\n",
+                   (long long)p.window, (long long)p.windows, (long long)p.tokens_fed,
+                   (long long)p.tokens_total, p.seconds);
+    } else if (live_) {
+      std::fprintf(stderr, "\r\033[K[%lld/%lld] PPL %.4f (window %.4f), %lld tokens scored, %.1f s",
+                   (long long)p.window, (long long)p.windows, p.running_ppl, p.window_ppl,
+                   (long long)p.tokens_scored, p.seconds);
+      if (p.window == p.windows) std::fputc('\n', stderr);
+    } else {
+      const double tps = p.seconds > 0 ? p.tokens_scored / p.seconds : 0;
+      std::fprintf(stderr, "[%lld/%lld] PPL %.4f (window %.4f), %.1f s, %.1f scored tokens/s\n",
+                   (long long)p.window, (long long)p.windows, p.running_ppl, p.window_ppl,
+                   p.seconds, tps);
+    }
+    last_line_ = p.seconds;
+    std::fflush(stderr);
+  }
+
+ private:
+  bool live_;
+  double last_line_ = 0;  // seconds
+};
+
 int RunPerplexityCommand(const PerplexityFlags& flags) {
   auto text = ReadTextFile(flags.file);
   if (!text.ok()) return CommandError("perplexity", text.status().message());
@@ -64,29 +98,7 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
                options->rotate ? " rotated" : "", plan->layout.BytesPerToken(),
                (long long)flags.context);
   const bool live = isatty(STDERR_FILENO) != 0;
-  double last_line = 0;  // seconds, for a log's line a minute inside long windows
-  auto on_progress = [live, &last_line](const PerplexityProgress& p) {
-    const double tps = p.seconds > 0 ? p.tokens_scored / p.seconds : 0;
-    if (!p.window_done) {
-      if (!live && p.seconds - last_line < 60) return;
-      std::fprintf(stderr,
-                   live ? "\r\033[K[%lld/%lld] %lld/%lld tokens fed, %.1f s"
-                        : "[%lld/%lld] %lld/%lld tokens fed, %.1f s\n",
-                   (long long)p.window, (long long)p.windows, (long long)p.tokens_fed,
-                   (long long)p.tokens_total, p.seconds);
-    } else if (live) {
-      std::fprintf(stderr, "\r\033[K[%lld/%lld] PPL %.4f (window %.4f), %lld tokens scored, %.1f s",
-                   (long long)p.window, (long long)p.windows, p.running_ppl, p.window_ppl,
-                   (long long)p.tokens_scored, p.seconds);
-      if (p.window == p.windows) std::fputc('\n', stderr);
-    } else {
-      std::fprintf(stderr, "[%lld/%lld] PPL %.4f (window %.4f), %.1f s, %.1f scored tokens/s\n",
-                   (long long)p.window, (long long)p.windows, p.running_ppl, p.window_ppl,
-                   p.seconds, tps);
-    }
-    last_line = p.seconds;
-    std::fflush(stderr);
-  };
+  ProgressPrinter on_progress(live);
   auto result = RunPerplexity(*loaded, **cache, *text, popts, on_progress);
   if (!result.ok()) {
     if (live) std::fputc('\n', stderr);

@@ -201,6 +201,11 @@ def cell_rate(cells):
     return f"{pct(correct / trials)} ({correct}/{trials})" if trials else "not run"
 
 
+def f16_passing(n):
+    """The (task, context) pairs where f16 passes: the only ones other schemes run."""
+    return [(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]]
+
+
 def render_needle(study):
     if "needle" not in study:
         raise KeyError("no needle section (kvq study --niah; needle.json)")
@@ -215,7 +220,7 @@ def render_needle(study):
             f"context (a pass needs {pct(n['f16_pass_rate'])}):\n\n" +
             table(["task"] + [str(c) for c in n["contexts"]], rows) +
             f"\n{n['statement']}.\n")
-    pairs = [(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]]
+    pairs = f16_passing(n)
     if pairs:
         rows = []
         for s in n["schemes"]:
@@ -238,7 +243,7 @@ def render_needle_depth(study):
     if "needle" not in study:
         raise KeyError("no needle section (kvq study --niah; needle.json)")
     n = study["needle"]
-    passing = {(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]}
+    passing = set(f16_passing(n))
     contexts = [c for c in n["contexts"] if any(ctx == c for _, ctx in passing)]
     if not contexts:
         return "f16 passes no (task, context) pair, so no scheme ran.\n"
@@ -266,7 +271,7 @@ def needle_coverage(n):
     f16 = next(s for s in n["schemes"] if s["name"] == "f16")
     trials = sorted({c["trials"] for s in n["schemes"] for c in s["cells"]})
     can = [t["task"] for t in n["per_task"] if t["model_can_do"]]
-    passing = {(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]}
+    passing = set(f16_passing(n))
     pooled = Counter()  # (scheme, context, depth) -> trials of the passing tasks
     for s in n["schemes"]:
         for c in s["cells"]:

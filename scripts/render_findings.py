@@ -463,6 +463,27 @@ def render_needle_recorded(study_dir, model, studies):
     return table(["scheme", "context"] + tasks + ["all tasks"], rows)
 
 
+def render_context_kl_recorded(study_dir, model, studies):
+    """Context-KL points recorded under M/results/context_kl/ at lengths
+    context_kl.json does not hold yet (it is rewritten once every scheme has
+    the length); schemes named as the model's JSONs spell them."""
+    root = pathlib.Path(study_dir) / model / "results" / "context_kl"
+    shipped = set(studies.get(model, {}).get("context_kl", {}).get("lengths", []))
+    spellings = scheme_spellings(studies.get(model, {}))
+    rows = []
+    for f in sorted(root.glob("*.jsonl"), key=lambda f: (not f.stem.startswith("f16-"), f.stem)):
+        for p in read_lines(f):
+            if p["context"] in shipped:
+                continue
+            rows.append([f"`{scheme_of(f.stem, spellings)}`", p["context"], fmt(p["kl_mean"]),
+                         fmt(p["kl_p99"]), pct(p["top1_agreement"]), fmt(p["ppl"]),
+                         p.get("simd_target", "not recorded")])
+    if not rows:
+        return "Every recorded point is in `context_kl.json`.\n"
+    return table(["scheme", "length", "KL mean", "KL p99", "same top-1", "PPL", "SIMD target"],
+                 rows)
+
+
 def render_progress(study_dir, studies):
     """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
     rows = []
@@ -522,6 +543,8 @@ def render(doc, studies, study_dir):
             body = render_progress(study_dir, studies)
         elif kind == "needle_recorded":
             body = render_needle_recorded(study_dir, model, studies)
+        elif kind == "context_kl_recorded":
+            body = render_context_kl_recorded(study_dir, model, studies)
         elif kind == "coverage":
             body = render_coverage(studies, study_dir)
         elif kind in RENDERERS:
@@ -642,6 +665,15 @@ def self_test(study_dir):
         repeated.mkdir()
         (repeated / "single_needle_c1024_d0.250.jsonl").write_text(
             '{"trial": 0, "correct": true}\n{"trial": 0, "correct": false}\n')
+        kl = pathlib.Path(tmp) / "m" / "results" / "context_kl"  # lengths not yet shipped only
+        kl.mkdir(parents=True)
+        point = '{"context": %d, "kl_mean": 0.25, "kl_p99": 1.5, "top1_agreement": 0.5, "ppl": 9.0}\n'
+        (kl / "kivi2-0123abcd.jsonl").write_text(point % 512 + point % 1024 + '{"cont')
+        kl_rows = render_context_kl_recorded(tmp, "m", {"m": {"context_kl": {"lengths": [512]}}})
+        if "| `kivi2` | 1024 | 0.250 | 1.50 | 50.0% | 9.00 | not recorded |" not in kl_rows or \
+                "| 512 |" in kl_rows:
+            print("self-test: the recorded context-KL block kept the wrong points:\n" + kl_rows)
+            return 1
         recorded = render_needle_recorded(tmp, "m", {})
         for want in ("| `int2` | 1024 | - | 1/1 | - | 1/1 (100.0%) |",
                      "| `kivi4` | 1024 | 1/2 | - | - | 1/2 (50.0%) |",

@@ -238,23 +238,37 @@ def render_needle(study):
     return text
 
 
+def pooled_by_depth(n):
+    """{(scheme, context, depth): {"correct", "trials"}} over the (task,
+    context) pairs f16 passes: the issue's context-by-depth grid."""
+    passing = set(f16_passing(n))
+    pools = {}
+    for s in n["schemes"]:
+        for c in s["cells"]:
+            if (c["task"], c["context"]) in passing:
+                pool = pools.setdefault((s["name"], c["context"], c["depth"]),
+                                        {"correct": 0, "trials": 0})
+                pool["correct"] += c["correct"]
+                pool["trials"] += c["trials"]
+    return pools
+
+
 def render_needle_depth(study):
     """The issue's grid, context x depth per scheme, the tasks pooled where f16 passes."""
     if "needle" not in study:
         raise KeyError("no needle section (kvq study --niah; needle.json)")
     n = study["needle"]
-    passing = set(f16_passing(n))
+    passing, pools = f16_passing(n), pooled_by_depth(n)
     contexts = [c for c in n["contexts"] if any(ctx == c for _, ctx in passing)]
     if not contexts:
         return "f16 passes no (task, context) pair, so no scheme ran.\n"
     rows = []
     for s in n["schemes"]:
         for ctx in contexts:
-            cells = [c for c in s["cells"] if c["context"] == ctx and (c["task"], ctx) in passing]
-            by_depth = [[c for c in cells if c["depth"] == d] for d in n["depths"]]
+            by_depth = [pools.get((s["name"], ctx, d)) for d in n["depths"]]
             rows.append([f"`{s['name']}`", str(ctx)] +
-                        [f"{sum(c['correct'] for c in b)}/{sum(c['trials'] for c in b)}"
-                         if b else "-" for b in by_depth] + [cell_rate(cells)])
+                        [f"{p['correct']}/{p['trials']}" if p else "-" for p in by_depth] +
+                        [cell_rate([p for p in by_depth if p])])
     tasks = {ctx: sum(1 for _, c in passing if c == ctx) for ctx in contexts}
     pooled = ", ".join(f"{tasks[c]} at {c}" for c in contexts)
     return (f"Correct answers by context and depth, the tasks f16 passes pooled ({pooled}; "
@@ -271,16 +285,11 @@ def needle_coverage(n):
     f16 = next(s for s in n["schemes"] if s["name"] == "f16")
     trials = sorted({c["trials"] for s in n["schemes"] for c in s["cells"]})
     can = [t["task"] for t in n["per_task"] if t["model_can_do"]]
-    passing = set(f16_passing(n))
-    pooled = Counter()  # (scheme, context, depth) -> trials of the passing tasks
-    for s in n["schemes"]:
-        for c in s["cells"]:
-            if (c["task"], c["context"]) in passing:
-                pooled[s["name"], c["context"], c["depth"]] += c["trials"]
+    pooled = sorted({p["trials"] for p in pooled_by_depth(n).values()})
     contexts = sorted({c["context"] for c in f16["cells"]})
     return (f"{len(n['tasks'])} tasks at {', '.join(str(c) for c in contexts)}; "
             f"{span(trials)} trials a (task, depth) cell"
-            + (f", {span(sorted(set(pooled.values())))} a (context, depth) cell pooling "
+            + (f", {span(pooled)} a (context, depth) cell pooling "
                f"the tasks f16 passes; " if pooled else "; ") +
             f"{'f16 alone' if len(n['schemes']) == 1 else str(len(n['schemes'])) + ' schemes'}; "
             f"f16 passes "
@@ -470,14 +479,11 @@ def render_context_kl_recorded(study_dir, model, studies):
     root = pathlib.Path(study_dir) / model / "results" / "context_kl"
     shipped = set(studies.get(model, {}).get("context_kl", {}).get("lengths", []))
     spellings = scheme_spellings(studies.get(model, {}))
-    rows = []
-    for f in sorted(root.glob("*.jsonl"), key=lambda f: (not f.stem.startswith("f16-"), f.stem)):
-        for p in read_lines(f):
-            if p["context"] in shipped:
-                continue
-            rows.append([f"`{scheme_of(f.stem, spellings)}`", p["context"], fmt(p["kl_mean"]),
-                         fmt(p["kl_p99"]), pct(p["top1_agreement"]), fmt(p["ppl"]),
-                         p.get("simd_target", "not recorded")])
+    points = [(scheme_of(f.stem, spellings), p) for f in root.glob("*.jsonl")
+              for p in read_lines(f) if p["context"] not in shipped]
+    rows = [[f"`{name}`", p["context"], fmt(p["kl_mean"]), fmt(p["kl_p99"]),
+             pct(p["top1_agreement"]), fmt(p["ppl"]), p.get("simd_target", "not recorded")]
+            for name, p in sorted(points, key=lambda np: (np[0] != "f16", np[0], np[1]["context"]))]
     if not rows:
         return "Every recorded point is in `context_kl.json`.\n"
     return table(["scheme", "length", "KL mean", "KL p99", "same top-1", "PPL", "SIMD target"],
@@ -667,7 +673,8 @@ def self_test(study_dir):
             '{"trial": 0, "correct": true}\n{"trial": 0, "correct": false}\n')
         kl = pathlib.Path(tmp) / "m" / "results" / "context_kl"  # lengths not yet shipped only
         kl.mkdir(parents=True)
-        point = '{"context": %d, "kl_mean": 0.25, "kl_p99": 1.5, "top1_agreement": 0.5, "ppl": 9.0}\n'
+        point = ('{"context": %d, "kl_mean": 0.25, "kl_p99": 1.5, "top1_agreement": 0.5, '
+                 '"ppl": 9.0}\n')
         (kl / "kivi2-0123abcd.jsonl").write_text(point % 512 + point % 1024 + '{"cont')
         kl_rows = render_context_kl_recorded(tmp, "m", {"m": {"context_kl": {"lengths": [512]}}})
         if "| `kivi2` | 1024 | 0.250 | 1.50 | 50.0% | 9.00 | not recorded |" not in kl_rows or \

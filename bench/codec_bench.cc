@@ -124,13 +124,34 @@ void BM_CodecHot(benchmark::State& state, const std::string& name, int64_t dim, 
 void RegisterAll() {
   // nuq*: KVQuant's non-uniform codecs (uncalibrated here: uniform levels;
   // the kernels' cost does not depend on the level values).
-  const char* names[] = {"f32",          "f16",           "bf16",         "fp8_e4m3",
-                         "int8-g32-sym", "int4-g32-asym", "int4-g32-sym", "int2-g32-asym",
-                         "nuq4-k-o1",    "nuq4-v-o1",     "nuq3-k-o1",    "nuq3-v-o1",
-                         "nuq2-v-o1",    "q8_0",          "q4_0",         "q4_1",
-                         "q5_0",         "q5_1",          "iq4_nl"};
-  // (head_dim, GQA group): Llama-3-8B (128, 4) and Qwen2.5-0.5B (64, 7).
-  const std::pair<int64_t, int64_t> shapes[] = {{128, 4}, {64, 7}};
+  const char* names[] = {"f32",
+                         "f16",
+                         "bf16",
+                         "fp8_e4m3",
+                         "int8-g32-sym",
+                         "int4-g32-asym",
+                         "int4-g32-sym",
+                         "int2-g32-asym",
+                         "nuq4-k-o1",
+                         "nuq4-v-o1",
+                         "nuq3-k-o1",
+                         "nuq3-v-o1",
+                         "nuq2-v-o1",
+                         "q8_0",
+                         "q4_0",
+                         "q4_1",
+                         "q5_0",
+                         "q5_1",
+                         "iq4_nl",
+                         "int2-c32-asym",
+                         "tq3",
+                         "fp8_per_token_head",
+                         "int4_per_token_head"};
+  // (head_dim, query rows per call): a decode step of Llama-3-8B (128, 4) and
+  // Qwen2.5-0.5B (64, 7), and a prefill tile of Qwen2.5-1.5B (128, 30: five
+  // queries of its six heads per KV head; PagedKvCache's kTargetRows), which
+  // takes the kernels several passes of kMaxHeadsPerPass heads.
+  const std::pair<int64_t, int64_t> shapes[] = {{128, 4}, {64, 7}, {128, 30}};
   for (const auto& [dim, group] : shapes) {
     for (const char* name : names) {
       for (bool values : {false, true}) {

@@ -38,6 +38,7 @@ struct GgmlFmt {
   using D = qd::DF;  // <= 16 lanes (quant_decode-inl.h asserts it): a vector stays in a block
   static constexpr bool kHasParams = true;
   static constexpr bool kHasMin = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+  static constexpr bool kDecodeOnce = true;  // codec_kernels-inl.h: DecodesOnce
   int64_t head_dim;
   size_t row_bytes;
   size_t block_bytes;

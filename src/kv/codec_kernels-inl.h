@@ -254,6 +254,62 @@ HWY_NOINLINE void AccumulatePass(const Fmt& fmt, const uint8_t* HWY_RESTRICT row
   }
 }
 
+// Floats of the block of rows DecodeOnce decodes at a time: 32 KiB, an L1's
+// worth (at least 8 rows: head_dim <= kMaxCodecHeadDim).
+inline constexpr int64_t kDecodedBlockFloats = 8192;
+
+// Rows DecodeRows has decoded to f32, read with the lanes of the format they
+// came from (Scores then sums each row's lanes in the same order).
+template <class DF>
+struct DecodedFmt {
+  using D = DF;
+  static constexpr bool kHasParams = false;
+  int64_t head_dim;
+  size_t row_bytes;
+  int64_t ParamGroup() const { return head_dim; }
+  ScaleOffset Params(const uint8_t* /*row*/, int64_t /*g*/) const { return {}; }
+  HWY_INLINE hn::Vec<D> Load(D d, const uint8_t* row, int64_t i, hn::Vec<D>, hn::Vec<D>) const {
+    return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
+  }
+};
+
+// A format whose Load costs several times its multiply-adds (a table lookup
+// per value, patched outliers) declares kDecodeOnce. Measured with
+// codec_bench's prefill tile (Hot/.../d128/g30, docs/benchmarks.md, session
+// 34): AccumulateV 1.7-4x faster on the non-uniform (KVQuant) rows and about
+// a quarter faster on llama.cpp's blocks; the integer, float, per-channel
+// and TurboQuant rows, whose loads are a shift or a conversion, ran as fast
+// or slower reading the decoded floats, so they decode in every pass.
+template <class Fmt, class = void>
+struct DecodesOnce : std::false_type {};
+template <class Fmt>
+struct DecodesOnce<Fmt, std::void_t<decltype(Fmt::kDecodeOnce)>>
+    : std::bool_constant<Fmt::kDecodeOnce> {};
+
+// More query rows than one pass holds (a prefill tile: 30 rows on
+// Qwen2.5-1.5B) would decode every vector once per pass, and decoding a
+// 3-bit non-uniform row costs several times its multiply-adds. Instead each
+// block of rows is decoded once into L1 and every pass reads the floats: the
+// same values in the same order, so the results are bit-identical.
+// pass(decoded_fmt, decoded_rows, t0, count) runs on rows [t0, t0 + count).
+template <class Fmt, class Pass>
+HWY_INLINE void ForEachDecodedBlock(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
+                                    const Pass& pass) {
+  HWY_ALIGN float decoded[kDecodedBlockFloats];  // [block, head_dim]
+  const int64_t block = kDecodedBlockFloats / fmt.head_dim;
+  const DecodedFmt<typename Fmt::D> floats{fmt.head_dim, fmt.head_dim * sizeof(float)};
+  for (int64_t t0 = 0; t0 < n; t0 += block) {
+    const int64_t count = std::min(block, n - t0);
+    DecodeRows(fmt, rows + t0 * static_cast<int64_t>(fmt.row_bytes), count, decoded);
+    pass(floats, reinterpret_cast<const uint8_t*>(decoded), t0, count);
+  }
+}
+
+template <class Fmt>
+HWY_INLINE bool DecodeOnce(int64_t group) {
+  return group > kMaxHeadsPerPass && DecodesOnce<Fmt>::value;
+}
+
 // Calls body(std::integral_constant<int64_t, K>()) with K = heads, clamped to
 // [1, kMaxHeadsPerPass], so each pass is compiled with a fixed accumulator count.
 template <class Body>
@@ -279,8 +335,8 @@ HWY_INLINE void WithHeadCount(int64_t heads, const Body& body) {
 }
 
 template <class Fmt>
-HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* q,
-                       int64_t group, float scale, float* scores, int64_t stride) {
+HWY_INLINE void ScoresInPasses(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* q,
+                               int64_t group, float scale, float* scores, int64_t stride) {
   for (int64_t h0 = 0; h0 < group; h0 += kMaxHeadsPerPass) {
     const float* qh = q + h0 * fmt.head_dim;
     float* sh = scores + h0 * stride;
@@ -291,8 +347,8 @@ HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const flo
 }
 
 template <class Fmt>
-HWY_INLINE void AccumulateV(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* p,
-                            int64_t group, int64_t stride, float* acc) {
+HWY_INLINE void AccumulateVInPasses(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* p,
+                                    int64_t group, int64_t stride, float* acc) {
   for (int64_t h0 = 0; h0 < group; h0 += kMaxHeadsPerPass) {
     const float* ph = p + h0 * stride;
     float* ah = acc + h0 * fmt.head_dim;
@@ -300,6 +356,28 @@ HWY_INLINE void AccumulateV(const Fmt& fmt, const uint8_t* rows, int64_t n, cons
       AccumulatePass<decltype(heads)::value>(fmt, rows, n, ph, stride, ah);
     });
   }
+}
+
+// q: [group, head_dim]; scores[h * stride + t] for the n rows.
+template <class Fmt>
+HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* q,
+                       int64_t group, float scale, float* scores, int64_t stride) {
+  if (!DecodeOnce<Fmt>(group)) return ScoresInPasses(fmt, rows, n, q, group, scale, scores, stride);
+  ForEachDecodedBlock(
+      fmt, rows, n, [&](const auto& floats, const uint8_t* decoded, int64_t t0, int64_t count) {
+        ScoresInPasses(floats, decoded, count, q, group, scale, scores + t0, stride);
+      });
+}
+
+// p[h * stride + t] for the n rows; acc: [group, head_dim], accumulated into.
+template <class Fmt>
+HWY_INLINE void AccumulateV(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* p,
+                            int64_t group, int64_t stride, float* acc) {
+  if (!DecodeOnce<Fmt>(group)) return AccumulateVInPasses(fmt, rows, n, p, group, stride, acc);
+  ForEachDecodedBlock(fmt, rows, n,
+                      [&](const auto& floats, const uint8_t* decoded, int64_t t0, int64_t count) {
+                        AccumulateVInPasses(floats, decoded, count, p + t0, group, stride, acc);
+                      });
 }
 
 }  // namespace HWY_NAMESPACE

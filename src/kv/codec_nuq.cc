@@ -71,6 +71,7 @@ struct NuqFmt {
   NuqTables tables;
 
   static constexpr bool kHasParams = kIsV;
+  static constexpr bool kDecodeOnce = true;  // codec_kernels-inl.h: DecodesOnce
   int64_t ParamGroup() const { return head_dim; }
   HWY_INLINE ScaleOffset Params(const uint8_t* row, int64_t) const {
     if constexpr (kIsV) return {NuqHalf(row + code_bytes), NuqHalf(row + code_bytes + 2)};

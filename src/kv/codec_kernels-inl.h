@@ -276,7 +276,7 @@ struct DecodedFmt {
 // A format whose Load costs several times its multiply-adds (a table lookup
 // per value, patched outliers) declares kDecodeOnce. Measured with
 // codec_bench's prefill tile (Hot/.../d128/g30, docs/benchmarks.md, session
-// 34): AccumulateV 1.7-4x faster on the non-uniform (KVQuant) rows and about
+// 34): AccumulateV 1.6-4x faster on the non-uniform (KVQuant) rows and about
 // a quarter faster on llama.cpp's blocks; the integer, float, per-channel
 // and TurboQuant rows, whose loads are a shift or a conversion, ran as fast
 // or slower reading the decoded floats, so they decode in every pass.

@@ -123,7 +123,8 @@ void BM_CodecHot(benchmark::State& state, const std::string& name, int64_t dim, 
 
 void RegisterAll() {
   // nuq*: KVQuant's non-uniform codecs (uncalibrated here: uniform levels;
-  // the kernels' cost does not depend on the level values).
+  // the kernels' cost does not depend on the level values); int2-c32-asym:
+  // KIVI's per-channel keys; tq3: TurboQuant; *_per_token_head: vLLM's rows.
   const char* names[] = {"f32",
                          "f16",
                          "bf16",

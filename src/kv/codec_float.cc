@@ -43,15 +43,8 @@ using VI = hn::Vec<DI>;
   int64_t ParamGroup() const { return head_dim; } \
   ScaleOffset Params(const uint8_t* /*row*/, int64_t /*g*/) const { return {}; }
 
-struct F32Fmt {
-  using D = DF;
-  int64_t head_dim;
-  size_t row_bytes;
-  KVQ_NO_GROUP_PARAMS
-  HWY_INLINE VF Load(D d, const uint8_t* row, int64_t i, VF, VF) const {
-    return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
-  }
-};
+// f32 rows are what the shared kernels' decode-once path reads (codec_kernels-inl.h).
+using F32Fmt = DecodedFmt<DF>;
 
 struct F16Fmt {
   using D = DF;

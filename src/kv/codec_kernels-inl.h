@@ -254,12 +254,13 @@ HWY_NOINLINE void AccumulatePass(const Fmt& fmt, const uint8_t* HWY_RESTRICT row
   }
 }
 
-// Floats of the block of rows DecodeOnce decodes at a time: 32 KiB, an L1's
+// Floats of the block of rows ForEachDecodedBlock decodes at a time: 32 KiB, an L1's
 // worth (at least 8 rows: head_dim <= kMaxCodecHeadDim).
 inline constexpr int64_t kDecodedBlockFloats = 8192;
 
-// Rows DecodeRows has decoded to f32, read with the lanes of the format they
-// came from (Scores then sums each row's lanes in the same order).
+// f32 rows: the f32 codec's format, and rows DecodeRows has decoded, read
+// with the lanes of the format they came from (Scores then sums each row's
+// lanes in the same order).
 template <class DF>
 struct DecodedFmt {
   using D = DF;
@@ -306,7 +307,7 @@ HWY_INLINE void ForEachDecodedBlock(const Fmt& fmt, const uint8_t* HWY_RESTRICT 
 }
 
 template <class Fmt>
-HWY_INLINE bool DecodeOnce(int64_t group) {
+HWY_INLINE bool TakesDecodedBlocks(int64_t group) {
   return group > kMaxHeadsPerPass && DecodesOnce<Fmt>::value;
 }
 
@@ -362,7 +363,8 @@ HWY_INLINE void AccumulateVInPasses(const Fmt& fmt, const uint8_t* rows, int64_t
 template <class Fmt>
 HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* q,
                        int64_t group, float scale, float* scores, int64_t stride) {
-  if (!DecodeOnce<Fmt>(group)) return ScoresInPasses(fmt, rows, n, q, group, scale, scores, stride);
+  if (!TakesDecodedBlocks<Fmt>(group))
+    return ScoresInPasses(fmt, rows, n, q, group, scale, scores, stride);
   ForEachDecodedBlock(
       fmt, rows, n, [&](const auto& floats, const uint8_t* decoded, int64_t t0, int64_t count) {
         ScoresInPasses(floats, decoded, count, q, group, scale, scores + t0, stride);
@@ -373,7 +375,8 @@ HWY_INLINE void Scores(const Fmt& fmt, const uint8_t* rows, int64_t n, const flo
 template <class Fmt>
 HWY_INLINE void AccumulateV(const Fmt& fmt, const uint8_t* rows, int64_t n, const float* p,
                             int64_t group, int64_t stride, float* acc) {
-  if (!DecodeOnce<Fmt>(group)) return AccumulateVInPasses(fmt, rows, n, p, group, stride, acc);
+  if (!TakesDecodedBlocks<Fmt>(group))
+    return AccumulateVInPasses(fmt, rows, n, p, group, stride, acc);
   ForEachDecodedBlock(fmt, rows, n,
                       [&](const auto& floats, const uint8_t* decoded, int64_t t0, int64_t count) {
                         AccumulateVInPasses(floats, decoded, count, p + t0, group, stride, acc);

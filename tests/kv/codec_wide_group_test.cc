@@ -76,25 +76,23 @@ TEST_P(CodecWideGroupTest, WideGroupsEqualTheSameHeadsAPassAtATimeBitForBit) {
     for (const char* once : {"nuq3-k-o1", "nuq2-v-o1", "q4_0", "iq4_nl"}) {
       EXPECT_NE(std::find(names.begin(), names.end(), once), names.end()) << once;
     }
+    // The SIMD path only: the reference path has no passes (its twin is codec_test.cc's).
     for (const std::string& name : names) {
-      {  // the reference path has no passes: its twin is codec_test.cc's
-        const CodecPath path = CodecPath::kSimd;
-        auto parsed = ParseKvCodec(name, dim, path);
-        if (!parsed.ok()) continue;
-        const std::unique_ptr<KvCodec> codec = std::move(parsed).value();
-        // Tile codecs encode whole tiles; the kernels then take any prefix.
-        const int64_t tile = std::max<int64_t>(1, codec->streaming().tile_tokens);
-        const int64_t encoded = (n + tile - 1) / tile * tile;
-        const std::vector<float> x =
-            Normal(static_cast<size_t>(encoded * dim), rng);  // [encoded, dim]
-        codec->Calibrate(x.data(), encoded);
-        std::vector<uint8_t> rows(static_cast<size_t>(encoded) * codec->RowBytes());
-        codec->Encode(x.data(), encoded, rows.data());
-        for (int64_t group : {9, 30}) {
-          const std::string what =
-              name + " dim " + std::to_string(dim) + " group " + std::to_string(group);
-          ExpectWideEqualsNarrow(*codec, rows, n, group, rng, what);
-        }
+      auto parsed = ParseKvCodec(name, dim, CodecPath::kSimd);
+      if (!parsed.ok()) continue;
+      const std::unique_ptr<KvCodec> codec = std::move(parsed).value();
+      // Tile codecs encode whole tiles; the kernels then take any prefix.
+      const int64_t tile = std::max<int64_t>(1, codec->streaming().tile_tokens);
+      const int64_t encoded = (n + tile - 1) / tile * tile;
+      const std::vector<float> x =
+          Normal(static_cast<size_t>(encoded * dim), rng);  // [encoded, dim]
+      codec->Calibrate(x.data(), encoded);
+      std::vector<uint8_t> rows(static_cast<size_t>(encoded) * codec->RowBytes());
+      codec->Encode(x.data(), encoded, rows.data());
+      for (int64_t group : {9, 30}) {
+        const std::string what =
+            name + " dim " + std::to_string(dim) + " group " + std::to_string(group);
+        ExpectWideEqualsNarrow(*codec, rows, n, group, rng, what);
       }
     }
   }

@@ -10,7 +10,8 @@ docs/findings.md mixes prose with blocks the prose may not edit by hand:
 Block kinds: `run M`, `structure M`, `claims M`, `e2e M`, `context_kl M`,
 `needle M`, `gsm8k M` (one model's study; the last three also from
 M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
-`compare` (every shipped model side by side), `context_kl_sizes` (KL by
+`compare` (every shipped model side by side), `frontier` (per model, the schemes no smaller
+cache beats on KL), `context_kl_sizes` (KL by
 context length, every model that has run the stage, smallest first), `progress` (what the
 resumable runs have recorded under M/results/ so far, per scheme) and `needle_recorded M`
 (every needle trial recorded for M so far, per scheme, task and context). `--write` fills the blocks
@@ -296,6 +297,30 @@ def needle_coverage(n):
             f"{', '.join(can) if can else 'none'}")
 
 
+def render_frontier(studies):
+    """Per model, the schemes no smaller cache beats on KL (section 3's runs),
+    largest first, with their needle recall pooled where f16 passes."""
+    rows = []
+    for name, st in studies.items():
+        if "schemes" not in st:
+            continue
+        needle = {s["name"]: s for s in st["needle"]["schemes"]} if "needle" in st else {}
+        passing = set(f16_passing(st["needle"])) if needle else set()
+        best, kept = math.inf, []
+        for s in sorted(st["schemes"], key=lambda s: (s["bits_per_value"], s["kl_mean"])):
+            if s["kl_mean"] < best:
+                best = s["kl_mean"]
+                kept.append(s)
+        for s in reversed(kept):
+            cells = [c for c in needle[s["name"]]["cells"] if (c["task"], c["context"]) in passing] \
+                if s["name"] in needle else []
+            rows.append([name, f"`{s['name']}`", fmt(s["bits_per_value"]),
+                         fmt(s["compression_vs_f16"]) + "x", fmt(s["kl_mean"]),
+                         pct(s["top1_agreement"]), cell_rate(cells)])
+    return table(["model", "scheme", "bits/value", "vs f16", "KL mean", "same top-1",
+                  "needle where f16 passes"], rows)
+
+
 def render_coverage(studies, study_dir):
     """Which of the issue's measurements each model has, from the files that ship."""
     peers_dir = pathlib.Path(study_dir).parent / "peers"
@@ -553,6 +578,8 @@ def render(doc, studies, study_dir):
             body = render_context_kl_recorded(study_dir, model, studies)
         elif kind == "coverage":
             body = render_coverage(studies, study_dir)
+        elif kind == "frontier":
+            body = render_frontier(studies)
         elif kind in RENDERERS:
             if model not in studies:
                 raise KeyError(f"block '{kind} {model}': no {model}/study.json or section JSON")
@@ -710,6 +737,14 @@ def self_test(study_dir):
         if want not in depth:
             print("self-test: the depth grid pooled the wrong cells:\n" + depth)
             return 1
+    # The frontier keeps a scheme only if every smaller cache (or as small) has a higher KL.
+    toy = {"schemes": [dict(name=n, bits_per_value=b, kl_mean=k, compression_vs_f16=16 / b,
+                            top1_agreement=1.0)
+                       for n, b, k in (("f16", 16, 0.0), ("big", 9, 0.3), ("mid", 8, 0.1),
+                                       ("tie", 8, 0.2), ("low", 4, 0.5))]}
+    if re.findall(r"\| m \| `(\w+)`", render_frontier({"m": toy})) != ["f16", "mid", "low"]:
+        print("self-test: the frontier kept the wrong schemes:\n" + render_frontier({"m": toy}))
+        return 1
     if fmt(head_ratio([0.0, 0.0, 1.0])) != "inf":  # a dead head must render, not raise
         print("self-test: a head with median channel 0 did not render as inf")
         return 1

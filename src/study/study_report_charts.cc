@@ -112,11 +112,27 @@ json RecallHeatmapSpec(json values, const std::vector<int64_t>& contexts, bool b
   return spec;
 }
 
+std::vector<bool> ParetoFront(const std::vector<std::optional<double>>& x,
+                              const std::vector<std::optional<double>>& y) {
+  std::vector<bool> on_front(x.size(), false);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!x[i] || !y[i]) continue;
+    bool dominated = false;
+    for (size_t j = 0; j < x.size() && !dominated; ++j) {
+      if (j == i || !x[j] || !y[j]) continue;
+      dominated = *x[j] <= *x[i] && *y[j] <= *y[i] && (*x[j] < *x[i] || *y[j] < *y[i]);
+    }
+    on_front[i] = !dominated;
+  }
+  return on_front;
+}
+
 }  // namespace study_report
 
 namespace {
 
 using study_report::BaseSpec;
+using study_report::ParetoFront;
 using study_report::Tooltip;
 
 // ---- 1. outlier heatmap --------------------------------------------------
@@ -387,23 +403,6 @@ StudyChart FakeQuantPerLayer(const FakeQuantData& data) {
 }
 
 // ---- 3. quality vs bytes Pareto -------------------------------------------
-
-// on_front[i]: point i is valid and no valid point is at least as good in both
-// coordinates (both minimized) and strictly better in one.
-std::vector<bool> ParetoFront(const std::vector<std::optional<double>>& x,
-                              const std::vector<std::optional<double>>& y) {
-  std::vector<bool> on_front(x.size(), false);
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!x[i] || !y[i]) continue;
-    bool dominated = false;
-    for (size_t j = 0; j < x.size() && !dominated; ++j) {
-      if (j == i || !x[j] || !y[j]) continue;
-      dominated = *x[j] <= *x[i] && *y[j] <= *y[i] && (*x[j] < *x[i] || *y[j] < *y[i]);
-    }
-    on_front[i] = !dominated;
-  }
-  return on_front;
-}
 
 json ParetoPanel(const char* title, const char* y_field, const char* front_field,
                  const json& y_scale, const char* filter) {

@@ -153,6 +153,90 @@ StatusOr<MaybeChart> CompareSchemes(const std::vector<json>& studies,
       std::move(spec)});
 }
 
+// Each model's Pareto front of KL against bits per value (not bytes: models
+// differ in layers and heads, so only bits per value compare across them).
+StatusOr<MaybeChart> CompareFronts(const std::vector<json>& studies,
+                                   const std::vector<std::string>& labels) {
+  json values = json::array();
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* schemes, ArrayMember(studies[i], "schemes", ""));
+    if (schemes == nullptr) continue;
+    std::vector<std::string> names;
+    std::vector<std::optional<double>> bits, kl;
+    for (size_t j = 0; j < schemes->size(); ++j) {
+      const std::string path = Index("schemes", j);
+      KVQ_ASSIGN_OR_RETURN(names.emplace_back(), StringMember((*schemes)[j], "name", path));
+      KVQ_ASSIGN_OR_RETURN(bits.emplace_back(),
+                           NumberMember((*schemes)[j], "bits_per_value", path));
+      KVQ_ASSIGN_OR_RETURN(kl.emplace_back(), NumberMember((*schemes)[j], "kl_mean", path));
+      if (kl.back() && *kl.back() <= 0) kl.back().reset();  // f16: no place on a log axis
+    }
+    const std::vector<bool> front = study_report::ParetoFront(bits, kl);
+    for (size_t j = 0; j < names.size(); ++j) {
+      if (!bits[j] || !kl[j]) continue;
+      values.push_back({{"model", labels[i]},
+                        {"scheme", names[j]},
+                        {"bits_per_value", *bits[j]},
+                        {"kl_mean", *kl[j]},
+                        {"front", front[j] ? "on the front" : "dominated"}});
+    }
+  }
+  if (values.empty()) return MaybeChart();
+  const json x = {{"field", "bits_per_value"},
+                  {"type", "quantitative"},
+                  {"title", "bits per value (codes and side data, per stored K or V value)"},
+                  {"scale", {{"zero", false}}}};
+  const json y = {{"field", "kl_mean"},
+                  {"type", "quantitative"},
+                  {"title", "mean KL vs the model's f16 cache (log)"},
+                  {"scale", {{"type", "log"}}}};
+  const json on_front = {{"filter", {{"field", "front"}, {"equal", "on the front"}}}};
+  // The points' legend (colour and shape) names the models; the lines' and
+  // labels' colour alone would make a second one.
+  json unlisted = ModelField();
+  unlisted["legend"] = nullptr;
+  json line = {
+      {"transform", {on_front}},
+      {"mark", {{"type", "line"}, {"strokeWidth", 1.5}}},
+      {"encoding",
+       {{"x", x}, {"y", y}, {"color", unlisted}, {"order", {{"field", "bits_per_value"}}}}}};
+  json points = {
+      {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+      {"encoding",
+       {{"x", x},
+        {"y", y},
+        {"color", ModelField()},
+        {"shape", ModelField()},
+        {"opacity",
+         {{"field", "front"},
+          {"type", "ordinal"},
+          {"sort", {"on the front", "dominated"}},
+          {"title", nullptr},
+          {"scale", {{"domain", {"on the front", "dominated"}}, {"range", {1.0, 0.25}}}}}},
+        {"tooltip", Tooltip({{"model", "nominal"},
+                             {"scheme", "nominal"},
+                             {"bits_per_value", "quantitative"},
+                             {"kl_mean", "quantitative"},
+                             {"front", "nominal"}})}}}};
+  json labels_on_front = {
+      {"transform", {on_front}},
+      {"mark", {{"type", "text"}, {"align", "left"}, {"dx", 7}, {"fontSize", 10}}},
+      {"encoding", {{"x", x}, {"y", y}, {"color", unlisted}, {"text", {{"field", "scheme"}}}}}};
+  json spec = BaseSpec();
+  spec["data"] = {{"values", values}};
+  spec["width"] = 520;
+  spec["height"] = 340;
+  spec["layer"] = {line, points, labels_on_front};
+  return MaybeChart(StudyChart{
+      "compare-fronts", "Which cache to choose: each model's Pareto front",
+      "Each point is one scheme on one model (colour and shape: model): x its bits per stored "
+      "value, y its mean KL against that model's own f16 cache. Solid, labelled and joined: the "
+      "model's Pareto front, the schemes no other scheme of that model beats with fewer or as "
+      "many bits and a KL as low or lower. Faded: dominated on that model. f16 itself (KL 0) is "
+      "not drawn on the log axis.",
+      std::move(spec)});
+}
+
 StatusOr<MaybeChart> CompareFakeQuant(const std::vector<json>& studies,
                                       const std::vector<std::string>& labels) {
   json values = json::array();
@@ -359,7 +443,7 @@ StatusOr<std::string> RenderComparisonReportHtml(const std::vector<json>& studie
   KVQ_ASSIGN_OR_RETURN(std::vector<std::string> labels, ModelLabels(studies));
   study_report::PageParts page;
   page.title = "kvq study: " + std::to_string(studies.size()) + " models side by side";
-  for (auto builder : {CompareSchemes, CompareFakeQuant, CompareLayers, CompareTasks,
+  for (auto builder : {CompareFronts, CompareSchemes, CompareFakeQuant, CompareLayers, CompareTasks,
                        study_report::CompareContextKl}) {
     auto chart = builder(studies, labels);
     if (!chart.ok()) return chart.status();

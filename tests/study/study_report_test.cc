@@ -415,28 +415,31 @@ TEST(StudyReport, ComparisonPutsModelsSideBySide) {
   auto html = RenderComparisonReportHtml({a, b});
   ASSERT_TRUE(html.ok()) << html.status().message();
   const std::string& page = *html;
-  EXPECT_NE(page.find("data-charts-expected=\"4\""), std::string::npos);
+  EXPECT_NE(page.find("data-charts-expected=\"5\""), std::string::npos);
   EXPECT_NE(page.find("<td><b>other-model.gguf</b></td>"), std::string::npos);
   EXPECT_NE(page.find("The write-up's claims per model"), std::string::npos);
   const json data = ChartDataOf(page);
   ASSERT_TRUE(data.is_array());
-  ASSERT_EQ(data.size(), 4u);
+  ASSERT_EQ(data.size(), 5u);
   std::map<std::string, std::set<std::string>> models_per_chart;
+  std::map<std::string, json> by_id;
   for (const json& chart : data) {
+    by_id[chart["id"]] = chart;
     for (const json& v : chart["spec"]["data"]["values"]) {
       models_per_chart[chart["id"]].insert(v["model"].get<std::string>());
     }
   }
-  for (const char* id :
-       {"compare-schemes", "compare-fake-quant", "compare-layers", "compare-tasks"}) {
+  for (const char* id : {"compare-fronts", "compare-schemes", "compare-fake-quant",
+                         "compare-layers", "compare-tasks"}) {
     EXPECT_EQ(models_per_chart[id].size(), 2u) << id;
   }
   // Scheme points: every non-baseline scheme of both models.
-  EXPECT_EQ(data[0]["spec"]["data"]["values"].size(), 2 * (a["schemes"].size() - 1));
+  EXPECT_EQ(by_id["compare-schemes"]["spec"]["data"]["values"].size(),
+            2 * (a["schemes"].size() - 1));
   // Needle points pool only the cells where f16 passes, the same for every
   // scheme: the fixture's f16 also ran (multikey_repeat, 1024) and failed it.
   std::map<std::string, double> needle_rate;
-  for (const json& v : data[3]["spec"]["data"]["values"]) {
+  for (const json& v : by_id["compare-tasks"]["spec"]["data"]["values"]) {
     if (v["test"] == "needle (where f16 passes)") needle_rate[v["scheme"]] = v["accuracy"];
   }
   EXPECT_EQ(needle_rate.at("f16"), 1.0);
@@ -454,6 +457,40 @@ TEST(StudyReport, ComparisonPutsModelsSideBySide) {
   auto old = RenderComparisonReportHtml({a, b});
   ASSERT_FALSE(old.ok());
   EXPECT_NE(old.status().message().find("studies[1]"), std::string::npos);
+}
+
+// Each model's own Pareto front of KL against bits per value: a scheme with
+// fewer or as many bits and a lower KL on the same model dominates; another
+// model's schemes do not; f16 (KL 0) is left off the log axis.
+TEST(StudyReport, ComparisonFrontsArePerModel) {
+  SKIP_WITHOUT_CHART_LIBRARIES();
+  auto scheme = [](const char* name, double bits, double kl) {
+    return json{{"name", name}, {"baseline", kl == 0}, {"bits_per_value", bits}, {"kl_mean", kl}};
+  };
+  json a = LoadFixture(), b = LoadFixture();
+  a["model"]["path"] = "models/a.gguf";
+  a["schemes"] = {scheme("f16", 16, 0), scheme("big", 9, 0.3), scheme("mid", 8, 0.1),
+                  scheme("tie", 8, 0.2), scheme("low", 4, 0.5)};
+  b["model"]["path"] = "models/other-model.gguf";
+  b["schemes"] = {scheme("f16", 16, 0), scheme("big", 9, 0.05), scheme("low", 4, 0.9)};
+  auto fronts = RenderComparisonReportHtml({a, b});
+  ASSERT_TRUE(fronts.ok()) << fronts.status().message();
+  std::map<std::string, std::string> front;  // "model/scheme" -> on the front or dominated
+  for (const json& chart : ChartDataOf(*fronts)) {
+    if (chart["id"] != "compare-fronts") continue;
+    for (const json& v : chart["spec"]["data"]["values"]) {
+      front[v["model"].get<std::string>() + "/" + v["scheme"].get<std::string>()] = v["front"];
+    }
+  }
+  const std::string a_label = "a.gguf";
+  ASSERT_EQ(front.size(), 6u);  // every scheme but the two f16s
+  EXPECT_EQ(front.count(a_label + "/f16"), 0u);
+  EXPECT_EQ(front[a_label + "/mid"], "on the front");
+  EXPECT_EQ(front[a_label + "/low"], "on the front");
+  EXPECT_EQ(front[a_label + "/big"], "dominated");
+  EXPECT_EQ(front[a_label + "/tie"], "dominated");
+  EXPECT_EQ(front["other-model.gguf/big"], "on the front");  // beats a's mid, not a's scheme
+  EXPECT_EQ(front["other-model.gguf/low"], "on the front");
 }
 
 // KL by context length: one line point per (non-f16 scheme, length), the

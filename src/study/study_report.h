@@ -14,6 +14,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,12 @@ Status WriteStudyReport(const nlohmann::json& study, const std::string& path);
 // by model for every section at least one study has.
 StatusOr<std::string> RenderComparisonReportHtml(const std::vector<nlohmann::json>& studies);
 Status WriteComparisonReport(const std::vector<nlohmann::json>& studies, const std::string& path);
+
+// on_front[i]: point i has both coordinates and no other point is at least as
+// good in both (both minimized) and strictly better in one. The report's
+// fronts and `kvq study`'s printed one (bits or bytes against KL).
+std::vector<bool> ParetoFront(const std::vector<std::optional<double>>& x,
+                              const std::vector<std::optional<double>>& y);
 
 // Text safe inside HTML element content and quoted attribute values.
 std::string EscapeHtml(std::string_view text);

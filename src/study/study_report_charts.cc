@@ -112,6 +112,8 @@ json RecallHeatmapSpec(json values, const std::vector<int64_t>& contexts, bool b
   return spec;
 }
 
+}  // namespace study_report
+
 std::vector<bool> ParetoFront(const std::vector<std::optional<double>>& x,
                               const std::vector<std::optional<double>>& y) {
   std::vector<bool> on_front(x.size(), false);
@@ -127,12 +129,9 @@ std::vector<bool> ParetoFront(const std::vector<std::optional<double>>& x,
   return on_front;
 }
 
-}  // namespace study_report
-
 namespace {
 
 using study_report::BaseSpec;
-using study_report::ParetoFront;
 using study_report::Tooltip;
 
 // ---- 1. outlier heatmap --------------------------------------------------

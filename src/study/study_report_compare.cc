@@ -171,7 +171,7 @@ StatusOr<MaybeChart> CompareFronts(const std::vector<json>& studies,
       KVQ_ASSIGN_OR_RETURN(kl.emplace_back(), NumberMember((*schemes)[j], "kl_mean", path));
       if (kl.back() && *kl.back() <= 0) kl.back().reset();  // f16: no place on a log axis
     }
-    const std::vector<bool> front = study_report::ParetoFront(bits, kl);
+    const std::vector<bool> front = ParetoFront(bits, kl);
     for (size_t j = 0; j < names.size(); ++j) {
       if (!bits[j] || !kl[j]) continue;
       values.push_back({{"model", labels[i]},

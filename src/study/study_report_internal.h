@@ -74,12 +74,6 @@ StatusOr<MaybeChart> ContextKlChart(const nlohmann::json& study);
 StatusOr<MaybeChart> CompareContextKl(const std::vector<nlohmann::json>& studies,
                                       const std::vector<std::string>& labels);
 
-// on_front[i]: point i has both coordinates and no other point is at least as
-// good in both (both minimized) and strictly better in one
-// (study_report_charts.cc).
-std::vector<bool> ParetoFront(const std::vector<std::optional<double>>& x,
-                              const std::vector<std::optional<double>>& y);
-
 // The page around `body` (study_report.cc): head, self-check, body, the
 // chart sections (each followed by after_chart[id] if present), footer,
 // libraries, chart data and driver.

@@ -1,9 +1,12 @@
 // The terminal tables of `kvq study` (stdout), from the study JSON.
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "study/study_report.h"
 #include "tools/study_tables.h"
 
 namespace kvq {
@@ -14,6 +17,36 @@ std::string Num(const nlohmann::json& j, const char* fmt) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), fmt, j.get<double>());
   return buf;
+}
+
+// The schemes no scheme with fewer or as many bits per value beats on KL,
+// largest first: the short answer to "which cache?" for this model.
+void PrintFront(const nlohmann::json& schemes) {
+  std::vector<std::optional<double>> bits, kl;
+  for (const auto& r : schemes) {
+    auto number = [&](const char* key) -> std::optional<double> {
+      if (!r.contains(key) || !r[key].is_number()) return std::nullopt;
+      return r[key].get<double>();
+    };
+    bits.push_back(number("bits_per_value"));
+    kl.push_back(number("kl_mean"));
+  }
+  const std::vector<bool> front = ParetoFront(bits, kl);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < front.size(); ++i) {
+    if (front[i]) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return *bits[a] > *bits[b]; });
+  std::string line;
+  for (size_t i : order) {
+    line += (line.empty() ? "" : ", ") + schemes[i]["name"].get<std::string>() + " (" +
+            Num(schemes[i]["bits_per_value"], "%.2f") + ")";
+  }
+  if (!line.empty()) {
+    std::printf("Pareto front, bits/val (no scheme with as few bits has a lower KL): %s\n",
+                line.c_str());
+  }
 }
 
 void PrintStructure(const nlohmann::json& o) {
@@ -179,6 +212,7 @@ void PrintCoreTables(const nlohmann::json& s) {
                 Num(r["kl_mean"], "%.2e").c_str(), Num(r["kl_p99"], "%.2e").c_str(),
                 Num(r["top1_agreement"], "%.4f").c_str(), correct, trials);
   }
+  PrintFront(s["schemes"]);
 }
 
 }  // namespace

@@ -57,6 +57,20 @@ assert len(j["fake_quant"]["rows"]) == 18 and j["fake_quant"]["claims"]
 assert j["fake_quant"]["rows"][1]["per_channel_whole_sequence"] is True
 PY
 [ -s "$WORK/capture.safetensors" ] || fail "no dump"
+# The printed Pareto front: the schemes no scheme with as few bits beats on KL.
+python3 - "$WORK/study.json" "$WORK/out" <<'PY' || fail "Pareto front line"
+import json, sys
+s = json.load(open(sys.argv[1]))["schemes"]
+front = [a for a in s if not any(b is not a and b["bits_per_value"] <= a["bits_per_value"] and
+                                 b["kl_mean"] <= a["kl_mean"] and
+                                 (b["bits_per_value"], b["kl_mean"]) != (a["bits_per_value"], a["kl_mean"])
+                                 for b in s)]
+front.sort(key=lambda a: -a["bits_per_value"])
+want = ", ".join("%s (%.2f)" % (a["name"], a["bits_per_value"]) for a in front)
+line = [l for l in open(sys.argv[2]) if l.startswith("Pareto front")]
+assert len(line) == 1 and line[0].rstrip().endswith(": " + want), (line, want)
+assert want.startswith("f16 (16.00)") and "int4 (5.00)" in want, want
+PY
 grep -q "The write-up's claims on this model" "$WORK/out" || fail "table lacks the claims"
 
 # The long stages, tiny, into a results directory; a second run finds every

@@ -171,6 +171,11 @@ def render_context_kl(study):
                     [f"{fmt(by_length[n]['kl_mean'])} / {pct(by_length[n]['top1_agreement'])}"
                      if n in by_length else "" for n in c["lengths"]])
     text = table(["scheme", "bits/value"] + [f"{n}: KL / top-1" for n in c["lengths"]], rows)
+    longest = max(c["lengths"])
+    ppl = [f"{s['name']} {fmt(p['ppl'])}" for s in c["schemes"] for p in s["points"]
+           if p["context"] == longest and "ppl" in p]
+    if ppl:
+        text += f"\nPerplexity at {longest} (the same windows): {', '.join(ppl)}.\n"
     best = c.get("best_2bit")
     return text + (f"\nBest 2-bit scheme at the longest length: `{best}`.\n" if best else "")
 

@@ -153,35 +153,8 @@ StatusOr<MaybeChart> CompareSchemes(const std::vector<json>& studies,
       std::move(spec)});
 }
 
-// Each model's Pareto front of KL against bits per value (not bytes: models
-// differ in layers and heads, so only bits per value compare across them).
-StatusOr<MaybeChart> CompareFronts(const std::vector<json>& studies,
-                                   const std::vector<std::string>& labels) {
-  json values = json::array();
-  for (size_t i = 0; i < studies.size(); ++i) {
-    KVQ_ASSIGN_OR_RETURN(const json* schemes, ArrayMember(studies[i], "schemes", ""));
-    if (schemes == nullptr) continue;
-    std::vector<std::string> names;
-    std::vector<std::optional<double>> bits, kl;
-    for (size_t j = 0; j < schemes->size(); ++j) {
-      const std::string path = Index("schemes", j);
-      KVQ_ASSIGN_OR_RETURN(names.emplace_back(), StringMember((*schemes)[j], "name", path));
-      KVQ_ASSIGN_OR_RETURN(bits.emplace_back(),
-                           NumberMember((*schemes)[j], "bits_per_value", path));
-      KVQ_ASSIGN_OR_RETURN(kl.emplace_back(), NumberMember((*schemes)[j], "kl_mean", path));
-      if (kl.back() && *kl.back() <= 0) kl.back().reset();  // f16: no place on a log axis
-    }
-    const std::vector<bool> front = ParetoFront(bits, kl);
-    for (size_t j = 0; j < names.size(); ++j) {
-      if (!bits[j] || !kl[j]) continue;
-      values.push_back({{"model", labels[i]},
-                        {"scheme", names[j]},
-                        {"bits_per_value", *bits[j]},
-                        {"kl_mean", *kl[j]},
-                        {"front", front[j] ? "on the front" : "dominated"}});
-    }
-  }
-  if (values.empty()) return MaybeChart();
+// The fronts chart: each model's front joined and labelled, the rest faded.
+json FrontsSpec(json values) {
   const json x = {{"field", "bits_per_value"},
                   {"type", "quantitative"},
                   {"title", "bits per value (codes and side data, per stored K or V value)"},
@@ -223,10 +196,43 @@ StatusOr<MaybeChart> CompareFronts(const std::vector<json>& studies,
       {"mark", {{"type", "text"}, {"align", "left"}, {"dx", 7}, {"fontSize", 10}}},
       {"encoding", {{"x", x}, {"y", y}, {"color", unlisted}, {"text", {{"field", "scheme"}}}}}};
   json spec = BaseSpec();
-  spec["data"] = {{"values", values}};
+  spec["data"] = {{"values", std::move(values)}};
   spec["width"] = 520;
   spec["height"] = 340;
   spec["layer"] = {line, points, labels_on_front};
+  return spec;
+}
+
+// Each model's Pareto front of KL against bits per value (not bytes: models
+// differ in layers and heads, so only bits per value compare across them).
+StatusOr<MaybeChart> CompareFronts(const std::vector<json>& studies,
+                                   const std::vector<std::string>& labels) {
+  json values = json::array();
+  for (size_t i = 0; i < studies.size(); ++i) {
+    KVQ_ASSIGN_OR_RETURN(const json* schemes, ArrayMember(studies[i], "schemes", ""));
+    if (schemes == nullptr) continue;
+    std::vector<std::string> names;
+    std::vector<std::optional<double>> bits, kl;
+    for (size_t j = 0; j < schemes->size(); ++j) {
+      const std::string path = Index("schemes", j);
+      KVQ_ASSIGN_OR_RETURN(names.emplace_back(), StringMember((*schemes)[j], "name", path));
+      KVQ_ASSIGN_OR_RETURN(bits.emplace_back(),
+                           NumberMember((*schemes)[j], "bits_per_value", path));
+      KVQ_ASSIGN_OR_RETURN(kl.emplace_back(), NumberMember((*schemes)[j], "kl_mean", path));
+      if (kl.back() && *kl.back() <= 0) kl.back().reset();  // f16: no place on a log axis
+    }
+    const std::vector<bool> front = ParetoFront(bits, kl);
+    for (size_t j = 0; j < names.size(); ++j) {
+      if (!bits[j] || !kl[j]) continue;
+      values.push_back({{"model", labels[i]},
+                        {"scheme", names[j]},
+                        {"bits_per_value", *bits[j]},
+                        {"kl_mean", *kl[j]},
+                        {"front", front[j] ? "on the front" : "dominated"}});
+    }
+  }
+  if (values.empty()) return MaybeChart();
+  json spec = FrontsSpec(std::move(values));
   return MaybeChart(StudyChart{
       "compare-fronts", "Which cache to choose: each model's Pareto front",
       "Each point is one scheme on one model (colour and shape: model): x its bits per stored "

@@ -461,7 +461,7 @@ TEST(StudyReport, ComparisonPutsModelsSideBySide) {
 
 // Each model's own Pareto front of KL against bits per value: a scheme with
 // fewer or as many bits and a lower KL on the same model dominates; another
-// model's schemes do not; f16 (KL 0) is left off the log axis.
+// model's schemes do not; f16 (KL 0) dominates but is left off the log axis.
 TEST(StudyReport, ComparisonFrontsArePerModel) {
   SKIP_WITHOUT_CHART_LIBRARIES();
   auto scheme = [](const char* name, double bits, double kl) {
@@ -469,8 +469,8 @@ TEST(StudyReport, ComparisonFrontsArePerModel) {
   };
   json a = LoadFixture(), b = LoadFixture();
   a["model"]["path"] = "models/a.gguf";
-  a["schemes"] = {scheme("f16", 16, 0), scheme("big", 9, 0.3), scheme("mid", 8, 0.1),
-                  scheme("tie", 8, 0.2), scheme("low", 4, 0.5)};
+  a["schemes"] = {scheme("f16", 16, 0),  scheme("half", 16, 0.01), scheme("big", 9, 0.3),
+                  scheme("mid", 8, 0.1), scheme("tie", 8, 0.2),    scheme("low", 4, 0.5)};
   b["model"]["path"] = "models/other-model.gguf";
   b["schemes"] = {scheme("f16", 16, 0), scheme("big", 9, 0.05), scheme("low", 4, 0.9)};
   auto fronts = RenderComparisonReportHtml({a, b});
@@ -483,8 +483,9 @@ TEST(StudyReport, ComparisonFrontsArePerModel) {
     }
   }
   const std::string a_label = "a.gguf";
-  ASSERT_EQ(front.size(), 6u);  // every scheme but the two f16s
+  ASSERT_EQ(front.size(), 7u);  // every scheme but the two f16s
   EXPECT_EQ(front.count(a_label + "/f16"), 0u);
+  EXPECT_EQ(front[a_label + "/half"], "dominated");  // by f16, which is not drawn
   EXPECT_EQ(front[a_label + "/mid"], "on the front");
   EXPECT_EQ(front[a_label + "/low"], "on the front");
   EXPECT_EQ(front[a_label + "/big"], "dominated");

@@ -10,7 +10,11 @@
 //   GroupParams Params(const uint8_t* row, int64_t g): group g's scale and offset;
 //   Vec<D> Load(D, const uint8_t* row, int64_t i, Vec<D> scale, Vec<D> offset):
 //     values [i, i + Lanes) of one row decoded to f32, exactly (i a multiple
-//     of Lanes; scale/offset the broadcast Params of i's group).
+//     of Lanes; scale/offset the broadcast Params of i's group);
+// optionally void Patch(const uint8_t* rows, int64_t n, float* x): fixes up
+//   rows [0, n) that Load decoded into x (exact outliers); Load alone then
+//   gives the values before the patch, so such a format is always read
+//   through decoded blocks (TakesDecodedBlocks).
 // Group parameters are converted once per group and row, not per vector.
 // The kernels decode each vector of a row once and use it for up to
 // kMaxHeadsPerPass query heads held in registers; larger GQA groups take
@@ -87,6 +91,11 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> LoadIntCodes(D /*d*/, const uint8_t* c
   }
 }
 
+template <class Fmt, class = void>
+struct HasPatch : std::false_type {};
+template <class Fmt>
+struct HasPatch<Fmt, std::void_t<decltype(&Fmt::Patch)>> : std::true_type {};
+
 template <class Fmt>
 HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int64_t n,
                            float* HWY_RESTRICT x) {
@@ -104,6 +113,7 @@ HWY_INLINE void DecodeRows(const Fmt& fmt, const uint8_t* HWY_RESTRICT rows, int
       }
     }
   }
+  if constexpr (HasPatch<Fmt>::value) fmt.Patch(rows, n, x);
 }
 
 #if HWY_TARGET == HWY_SCALAR
@@ -308,7 +318,7 @@ HWY_INLINE void ForEachDecodedBlock(const Fmt& fmt, const uint8_t* HWY_RESTRICT 
 
 template <class Fmt>
 HWY_INLINE bool TakesDecodedBlocks(int64_t group) {
-  return group > kMaxHeadsPerPass && DecodesOnce<Fmt>::value;
+  return HasPatch<Fmt>::value || (group > kMaxHeadsPerPass && DecodesOnce<Fmt>::value);
 }
 
 // Calls body(std::integral_constant<int64_t, K>()) with K = heads, clamped to

@@ -71,7 +71,6 @@ struct NuqFmt {
   NuqTables tables;
 
   static constexpr bool kHasParams = kIsV;
-  static constexpr bool kDecodeOnce = true;  // codec_kernels-inl.h: DecodesOnce
   int64_t ParamGroup() const { return head_dim; }
   HWY_INLINE ScaleOffset Params(const uint8_t* row, int64_t) const {
     if constexpr (kIsV) return {NuqHalf(row + code_bytes), NuqHalf(row + code_bytes + 2)};
@@ -135,20 +134,21 @@ struct NuqFmt {
     } else {
       level = hn::GatherIndex(d, tables.levels, u);
     }
-    hn::Vec<D> x;
-    if constexpr (kIsV) {
-      x = hn::MulAdd(level, scale, offset);
-    } else {
-      x = hn::MulAdd(level, hn::LoadU(d, tables.ch_scale + i), hn::LoadU(d, tables.ch_offset + i));
+    if constexpr (kIsV) return hn::MulAdd(level, scale, offset);
+    return hn::MulAdd(level, hn::LoadU(d, tables.ch_scale + i), hn::LoadU(d, tables.ch_offset + i));
+  }
+
+  // The outliers' exact values over rows Load decoded (codec_kernels-inl.h:
+  // HasPatch). Patching a whole row after its loads replaces a test per
+  // slot and vector, taken at random, with one store per slot.
+  HWY_INLINE void Patch(const uint8_t* rows, int64_t n, float* x) const {
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* row = rows + t * static_cast<int64_t>(row_bytes);
+      for (int64_t s = 0; s < slots; ++s) {
+        const int64_t c = row[channels_offset + s];
+        if (c < head_dim) x[t * head_dim + c] = NuqHalf(row + values_offset + 2 * s);
+      }
     }
-    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-    for (int64_t s = 0; s < slots; ++s) {
-      const int64_t c = row[channels_offset + s];
-      if (c < i || c >= i + lanes) continue;
-      const auto here = hn::RebindMask(d, hn::Eq(hn::Iota(di, i), hn::Set(di, c)));
-      x = hn::IfThenElse(here, hn::Set(d, NuqHalf(row + values_offset + 2 * s)), x);
-    }
-    return x;
   }
 };
 

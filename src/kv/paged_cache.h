@@ -166,9 +166,12 @@ class PagedKvCache final : public KvCache {
                         const float* p, int64_t rows, int64_t stride, float* acc,
                         float* scratch) const;
   // Whether consecutive blocks' tiles of (layer, KV head) can be read by
-  // one codec call, as one run of rows: codecs without sinks or pre-RoPE
-  // keys on both sides whose tiles hold block_tokens rows with no padding.
+  // one codec call, as one run of rows: codecs without detected sinks on
+  // both sides whose tiles hold block_tokens rows with no padding.
   bool FusesBlocks(int64_t layer, int64_t head) const;
+  // Leading blocks of (layer, KV head) that hold sink tokens (-sN): each is
+  // read on its own even when FusesBlocks.
+  int64_t SinkBlocks(int64_t layer, int64_t head) const;
   // The end of the run of s's blocks from b (before `end`) whose physical
   // blocks are consecutive, so that each head's tiles form one run of rows.
   int64_t RunEnd(const Sequence& s, int64_t b, int64_t end) const;

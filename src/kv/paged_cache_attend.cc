@@ -191,10 +191,14 @@ void PagedKvCache::AttendTask(const Sequence& s, int64_t layer, const AttendPlan
   std::fill_n(acc, rows * dim, 0.0f);
   // A codec call reads the run of blocks [b, run_end(b, end)): up to a
   // step of physically consecutive blocks when FusesBlocks, else one.
+  // Blocks holding sinks stay single: AccumulateV adds a sink's f16 row
+  // after its block's encoded rows, and a longer run would move that term
+  // later in the sum (the results would change in the last bits).
   const bool fuse = FusesBlocks(layer, g);
+  const int64_t sink_blocks = SinkBlocks(layer, g);
   const int64_t step = std::max<int64_t>(1, kStepTokens / bt);
   const auto run_end = [&](int64_t b, int64_t end) {
-    return fuse ? RunEnd(s, b, std::min(end, b + step)) : b + 1;
+    return fuse && b >= sink_blocks ? RunEnd(s, b, std::min(end, b + step)) : b + 1;
   };
   int64_t k_ahead = b0, v_ahead = b0;  // first blocks whose K / V are not prefetched
   for (; k_ahead < std::min(b1, b0 + step); ++k_ahead) PrefetchTile(s, layer, g, k_ahead, false);
@@ -275,11 +279,11 @@ bool PagedKvCache::FusesBlocks(int64_t layer, int64_t head) const {
   const size_t instance = static_cast<size_t>(layer * shape_.num_kv_heads + head);
   const KvLayerLayout& l = layout_.layers[static_cast<size_t>(layer)];
   const size_t bt = static_cast<size_t>(layout_.block_tokens);
-  // Residual windows only move where the encoded rows end (ForEachKvSegment
-  // takes any range); sinks and pre-RoPE keys use per-block scratch.
-  const auto runs = [](const KvStreaming& st) {
-    return st.sink_tokens == 0 && st.detect_sinks == 0 && !st.pre_rope;
-  };
+  // Residual windows only move where the encoded rows end and sinks lie in
+  // the first blocks (ForEachKvSegment takes any range); pre-RoPE keys are
+  // decoded a run at a time into scratch sized for it (ScratchFloats).
+  // Detected sinks may sit anywhere: their heads read block by block.
+  const auto runs = [](const KvStreaming& st) { return st.detect_sinks == 0; };
   return runs(k_codecs_[instance]->streaming()) && runs(v_codecs_[instance]->streaming()) &&
          l.k_tile_bytes == bt * l.k_row_bytes && l.v_tile_bytes == bt * l.v_row_bytes;
 }
@@ -300,10 +304,20 @@ void PagedKvCache::PrefetchTile(const Sequence& s, int64_t layer, int64_t head, 
   for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(tile + i);
 }
 
+int64_t PagedKvCache::SinkBlocks(int64_t layer, int64_t head) const {
+  const size_t instance = static_cast<size_t>(layer * shape_.num_kv_heads + head);
+  const int64_t sinks = std::max(k_codecs_[instance]->streaming().sink_tokens,
+                                 v_codecs_[instance]->streaming().sink_tokens);
+  return (sinks + layout_.block_tokens - 1) / layout_.block_tokens;
+}
+
+// A run's rows: its pre-RoPE keys decoded ([tokens, head_dim]), or its V
+// weights with the sinks' zeroed ([rows, tokens]).
 int64_t PagedKvCache::ScratchFloats(int64_t rows) const {
   if (!any_streaming_) return 0;
   const int64_t bt = layout_.block_tokens;
-  return std::max(bt * shape_.head_dim, rows * bt);
+  const int64_t tokens = std::max<int64_t>(1, kStepTokens / bt) * bt;
+  return std::max(tokens * shape_.head_dim, rows * tokens);
 }
 
 void PagedKvCache::BlockScores(const Sequence& s, int64_t layer, int64_t head, int64_t t0,

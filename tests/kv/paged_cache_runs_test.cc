@@ -3,9 +3,11 @@
 // over every other block (one call per block): the outputs must be equal
 // bit for bit, since each codec kernel's per-row sums and its per-lane
 // accumulation order over tokens do not depend on how many rows one call
-// reads. Also checks the slot-major placement of tiles in the arena.
+// reads (blocks that hold sinks are read alone in both). Also checks the slot-major placement of
+// tiles in the arena.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -73,18 +75,24 @@ void Fill(PagedKvCache& cache, const KvShape& shape, SeqId seq, SeqId other, int
 }
 
 TEST(PagedKvCache, RunsOfConsecutiveBlocksMatchBlockByBlockBitForBit) {
-  const KvShape shape{2, 14, 2, 64};
-  for (const std::string codec :
-       {"f16", "bf16", "int8", "int4", "int2-c32-asym-r64", "f16-r8-s1"}) {
-    if (!ParseKvCodec(codec, 64).ok()) continue;
+  KvShape shape{2, 14, 2, 64};
+  for (int64_t i = 0; i < 32; ++i) shape.rope_inv_freq.push_back(std::pow(1e4f, -i / 32.0f));
+  // Sinks within one block and across two (read block by block, then runs),
+  // pre-RoPE keys (a run decoded and rotated at a time), detected sinks
+  // (every block on its own: the two caches take the same path).
+  for (const std::string codec : {"f16", "bf16", "int8", "int4", "int2-c32-asym-r64", "f16-r8-s1",
+                                  "int4-s2-prerope", "f16-r8-s20-prerope", "int4-a2"}) {
+    ASSERT_TRUE(ParseKvCodec(codec, 64).ok()) << codec;
     for (int threads : {1, 3}) {
       SCOPED_TRACE(codec + " threads " + std::to_string(threads));
       KvCacheOptions options;
       options.k_type = options.v_type = codec;
+      const size_t pre_rope = codec.find("-prerope");  // K only
+      if (pre_rope != std::string::npos) options.v_type = codec.substr(0, pre_rope);
       options.max_tokens = 4096;  // 37 blocks of up to 64 tokens (tile codecs round up)
       options.num_threads = threads;
       auto layout = ComputeKvLayout(shape, options);
-      ASSERT_TRUE(layout.ok());
+      ASSERT_TRUE(layout.ok()) << layout.status().message();
       const int64_t bt = layout->block_tokens;
       const int64_t tokens = 37 * bt + 5;  // a partial last block
       options.memory_bytes =

@@ -145,17 +145,20 @@ TEST(StudyReport, FixtureHasEveryChartWithAllItsData) {
 
 TEST(StudyReport, ParetoFrontMarksExactlyTheNonDominatedSchemes) {
   // bytes/token, KL, perplexity. kl: a (100, 0.1) and b (200, 0.05) are on the
-  // front, c (200, 0.2) is dominated by b, d (300, 0.05) by b; f16 has KL 0 and
-  // is not drawn on the log axis. ppl: a 12 and f16 (400, 10) are on the
-  // front; b (200, 12) ties a's ppl with more bytes: dominated.
-  const json study = {{"kvq_study_version", kStudyVersion},
-                      {"schemes",
-                       {{{"name", "a"}, {"bytes_per_token", 100}, {"kl_mean", 0.1}, {"ppl", 12}},
-                        {{"name", "b"}, {"bytes_per_token", 200}, {"kl_mean", 0.05}, {"ppl", 12}},
-                        {{"name", "c"}, {"bytes_per_token", 200}, {"kl_mean", 0.2}, {"ppl", 13}},
-                        {{"name", "d"}, {"bytes_per_token", 300}, {"kl_mean", 0.05}, {"ppl", 11}},
-                        {{"name", "f16"}, {"bytes_per_token", 400}, {"kl_mean", 0}, {"ppl", 10}},
-                        {{"name", "n"}, {"bytes_per_token", 50}, {"kl_mean", nullptr}}}}};
+  // front, c (200, 0.2) is dominated by b, d (300, 0.05) by b; f16 has KL 0:
+  // not drawn on the log axis, but on the front, where it dominates bf16
+  // (400, 0.001), which nothing drawn beats. ppl: a 12 and f16 (400, 10) are
+  // on the front; b (200, 12) ties a's ppl with more bytes: dominated.
+  const json study = {
+      {"kvq_study_version", kStudyVersion},
+      {"schemes",
+       {{{"name", "a"}, {"bytes_per_token", 100}, {"kl_mean", 0.1}, {"ppl", 12}},
+        {{"name", "b"}, {"bytes_per_token", 200}, {"kl_mean", 0.05}, {"ppl", 12}},
+        {{"name", "c"}, {"bytes_per_token", 200}, {"kl_mean", 0.2}, {"ppl", 13}},
+        {{"name", "d"}, {"bytes_per_token", 300}, {"kl_mean", 0.05}, {"ppl", 11}},
+        {{"name", "f16"}, {"bytes_per_token", 400}, {"kl_mean", 0}, {"ppl", 10}},
+        {{"name", "bf16"}, {"bytes_per_token", 400}, {"kl_mean", 0.001}, {"ppl", 10.5}},
+        {{"name", "n"}, {"bytes_per_token", 50}, {"kl_mean", nullptr}}}}};
   auto charts = BuildStudyCharts(study);
   ASSERT_TRUE(charts.ok()) << charts.status().message();
   auto by_id = ById(*charts);
@@ -169,7 +172,8 @@ TEST(StudyReport, ParetoFrontMarksExactlyTheNonDominatedSchemes) {
   EXPECT_EQ(front["b"], std::make_pair(on, off));
   EXPECT_EQ(front["c"], std::make_pair(off, off));
   EXPECT_EQ(front["d"], std::make_pair(off, on));
-  EXPECT_EQ(front["f16"], std::make_pair(off, on));
+  EXPECT_EQ(front["f16"], std::make_pair(on, on));
+  EXPECT_EQ(front["bf16"], std::make_pair(off, off));
   EXPECT_EQ(front["n"], std::make_pair(off, off));  // no numbers: on no front
   EXPECT_NE(by_id["pareto"].caption.find("f16"), std::string::npos)
       << "the caption names what the log axis leaves out";

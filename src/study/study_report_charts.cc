@@ -459,20 +459,15 @@ StatusOr<MaybeChart> ParetoChart(const json& study) {
   // KL is drawn on a log axis: a zero KL (the f16 reference itself) has no
   // place there. The front still counts it (as findings.md, the comparison
   // page and `kvq study` do), so a 16-bit cache it beats is not marked.
-  std::vector<std::optional<double>> kl_drawn = kl;
-  std::string not_drawn;
-  for (size_t i = 0; i < kl.size(); ++i) {
-    if (kl[i] && *kl[i] <= 0) {
-      kl_drawn[i].reset();
-      not_drawn += (not_drawn.empty() ? "" : ", ") + names[i];
-    }
-  }
   const std::vector<bool> kl_front = ParetoFront(bytes, kl);
   const std::vector<bool> ppl_front = ParetoFront(bytes, ppl);
+  std::string not_drawn;
   json values = json::array();
   int64_t drawable = 0;
   for (size_t i = 0; i < names.size(); ++i) {
-    if (bytes[i] && (kl_drawn[i] || ppl[i])) ++drawable;
+    const bool kl_on_axis = kl[i] && *kl[i] > 0;
+    if (kl[i] && !kl_on_axis) not_drawn += (not_drawn.empty() ? "" : ", ") + names[i];
+    if (bytes[i] && (kl_on_axis || ppl[i])) ++drawable;
     values.push_back({{"name", names[i]},
                       {"bytes_per_token", NumberOrNull(bytes[i])},
                       {"bits_per_value", NumberOrNull(bits[i])},

@@ -14,7 +14,6 @@
 //   build/bin/attention_bench --benchmark_min_time=0.2
 //   build/bin/attention_bench --benchmark_filter='f16|int4'
 #include <benchmark/benchmark.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -113,13 +112,13 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec, LayerShape l
   const int64_t heads = layer_shape.heads, kv_heads = layer_shape.kv_heads;
   const int64_t head_dim = layer_shape.head_dim;
   const int64_t context = state.range(0);
-  const int threads = static_cast<int>(state.range(1));
+  ThreadPool pool(static_cast<int>(state.range(1)));  // the cache's and the probe's
   const int64_t rotate_bytes = state.range(2) << 20;
   KvCacheOptions options;
   options.block_tokens = state.range(3);
   options.k_type = options.v_type = codec;
   options.max_tokens = context;
-  options.num_threads = threads;
+  options.pool = &pool;
   KvShape shape{1, heads, kv_heads, head_dim};
   // The model's RoPE, for the caches that store K before RoPE.
   for (int64_t i = 0; i < head_dim / 2; ++i) {
@@ -158,7 +157,7 @@ void BM_DecodeAttention(benchmark::State& state, std::string codec, LayerShape l
     const auto t1 = std::chrono::steady_clock::now();
     layer = (layer + 1) % shape.num_layers;
     if (offset + window > probe_words) offset = 0;
-    benchmark::DoNotOptimize(SumWords(probe.data() + offset, window, threads));
+    benchmark::DoNotOptimize(SumWords(probe.data() + offset, window, pool));
     offset += window;
     const auto t2 = std::chrono::steady_clock::now();
     state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());

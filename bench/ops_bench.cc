@@ -10,7 +10,6 @@
 //
 //   build-ops/bin/ops_bench --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
-#include <omp.h>
 
 #include <chrono>
 #include <cstdio>
@@ -102,7 +101,8 @@ void BM_ReadProbe(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   const int64_t words = int64_t{64} << 20;
   std::vector<uint64_t> a(static_cast<size_t>(words), 1);
-  for (auto _ : state) benchmark::DoNotOptimize(SumWords(a.data(), words, threads));
+  ThreadPool pool(threads);
+  for (auto _ : state) benchmark::DoNotOptimize(SumWords(a.data(), words, pool));
   state.SetBytesProcessed(state.iterations() * words * 8);
 }
 
@@ -116,16 +116,16 @@ void BM_ReadProbe(benchmark::State& state) {
 struct DecodeProduct {
   bool int8;
   std::vector<uint8_t> acts;
-  void Run(const WeightView& w, const float* x, float* y, int threads) {
-    if (!int8) return Matvec(w, x, y, threads);
+  void Run(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
+    if (!int8) return Matvec(w, x, y, pool);
     acts.resize(static_cast<size_t>(Int8ActRowBytes(w.type, w.cols)));
     QuantizeActs(w.type, x, 1, w.cols, acts.data());
-    MatvecInt8(w, acts.data(), 1, y, threads);
+    MatvecInt8(w, acts.data(), 1, y, pool);
   }
 };
 
 void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t cols, bool int8) {
-  const int threads = static_cast<int>(state.range(0));
+  ThreadPool pool(static_cast<int>(state.range(0)));
   RotatingWeights w(type, rows, cols, kRotateBytes);
   const int64_t bytes = rows * RowBytes(type, cols);
   const int64_t probe_words = std::max(kRotateBytes, 2 * bytes) / 8;
@@ -137,11 +137,11 @@ void BM_Matvec(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   DecodeProduct product{int8, {}};
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    product.Run(w.view(k++), x.data(), y.data(), threads);
+    product.Run(w.view(k++), x.data(), y.data(), pool);
     benchmark::DoNotOptimize(y.data());
     const auto t1 = std::chrono::steady_clock::now();
     if (offset + window > probe_words) offset = 0;
-    benchmark::DoNotOptimize(SumWords(probe.data() + offset, window, threads));
+    benchmark::DoNotOptimize(SumWords(probe.data() + offset, window, pool));
     offset += window;
     const auto t2 = std::chrono::steady_clock::now();
     state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
@@ -172,10 +172,11 @@ void BM_MatvecL2(benchmark::State& state, WeightType type, int64_t rows, int64_t
   std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
   for (float& v : x) v = dist(rng);
   DecodeProduct product{int8, {}};
+  ThreadPool one_thread(1);
   double cpu = 0.0;
   for (auto _ : state) {
     const double c0 = ThreadCpuSeconds();
-    product.Run(w.view(0), x.data(), y.data(), 1);
+    product.Run(w.view(0), x.data(), y.data(), one_thread);
     benchmark::DoNotOptimize(y.data());
     cpu += ThreadCpuSeconds() - c0;
   }
@@ -198,10 +199,11 @@ void BM_MatvecInt8Batch(benchmark::State& state, WeightType type, int64_t rows, 
   for (float& v : x) v = dist(rng);
   std::vector<uint8_t> acts(static_cast<size_t>(n * Int8ActRowBytes(type, cols)));
   QuantizeActs(type, x.data(), n, cols, acts.data());
+  ThreadPool one_thread(1);
   double cpu = 0.0;
   for (auto _ : state) {
     const double c0 = ThreadCpuSeconds();
-    MatvecInt8(w.view(0), acts.data(), n, y.data(), 1);
+    MatvecInt8(w.view(0), acts.data(), n, y.data(), one_thread);
     benchmark::DoNotOptimize(y.data());
     cpu += ThreadCpuSeconds() - c0;
   }
@@ -226,16 +228,16 @@ const char* MatmulImplName(MatmulImpl impl) {
 }
 
 void RunMatmul(MatmulImpl impl, const WeightView& v, const float* x, int64_t n, float* y,
-               int threads, MatmulWorkspace* ws) {
+               ThreadPool& pool, MatmulWorkspace* ws) {
   switch (impl) {
     case MatmulImpl::kMatmul:
-      return Matmul(v, x, n, y, threads, ws, DecodeArith::kInt8Dot);
+      return Matmul(v, x, n, y, pool, ws, DecodeArith::kInt8Dot);
     case MatmulImpl::kSgemm:
-      return MatmulSgemm(v, x, n, y, threads, ws);
+      return MatmulSgemm(v, x, n, y, pool.size(), ws);
     case MatmulImpl::kTiles:
-      return MatvecBatch(v, x, n, y, threads);
+      return MatvecBatch(v, x, n, y, pool);
     case MatmulImpl::kPacked:
-      return MatmulPacked(v, x, n, y, threads, ws);
+      return MatmulPacked(v, x, n, y, pool, ws);
   }
 }
 
@@ -264,12 +266,13 @@ void BM_Matmul(benchmark::State& state, WeightType type, int64_t rows, int64_t c
   if (baseline) wf = std::make_unique<RotatingWeights>(WeightType::kF32, rows, cols, 0);
   std::vector<float> x(static_cast<size_t>(n * cols), 0.25f), y(static_cast<size_t>(n * rows));
   MatmulWorkspace ws, ws_baseline;
+  ThreadPool pool(threads);
   int64_t k = 0;
   double seconds = 0.0, baseline_seconds = 0.0, cpu = 0.0, baseline_cpu = 0.0;
   for (auto _ : state) {
     const double c0 = ProcessCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();
-    RunMatmul(impl, w.view(k++), x.data(), n, y.data(), threads, &ws);
+    RunMatmul(impl, w.view(k++), x.data(), n, y.data(), pool, &ws);
     benchmark::DoNotOptimize(y.data());
     const auto t1 = std::chrono::steady_clock::now();
     const double c1 = ProcessCpuSeconds();

@@ -9,15 +9,29 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/thread_pool.h"
+
 namespace kvq {
 
-// Sum of `words` 64-bit words with `threads` threads. Integer adds are
-// associative, so the compiler vectorizes the reduction and the loads, not
-// an add-latency chain, set the speed: a pure read-bandwidth probe.
-inline uint64_t SumWords(const uint64_t* p, int64_t words, int threads = 1) {
+// Sum of `words` 64-bit words. Integer adds are associative, so the compiler
+// vectorizes the reduction and the loads, not an add-latency chain, set the
+// speed: a pure read-bandwidth probe.
+inline uint64_t SumWords(const uint64_t* p, int64_t words) {
   uint64_t total = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static) if (threads > 1)
   for (int64_t i = 0; i < words; ++i) total += p[i];
+  return total;
+}
+
+// The same on every thread of `pool` (contiguous shares), on the threads the
+// benchmarked kernel runs on, so no second set of threads polls beside it.
+inline uint64_t SumWords(const uint64_t* p, int64_t words, ThreadPool& pool) {
+  std::vector<uint64_t> partial(static_cast<size_t>(pool.size()), 0);
+  pool.RunOnThreads(pool.size(), [&](int thread) {
+    const auto [begin, end] = ThreadPool::StaticRange(words, pool.size(), thread);
+    partial[static_cast<size_t>(thread)] = SumWords(p + begin, end - begin);
+  });
+  uint64_t total = 0;
+  for (uint64_t s : partial) total += s;
   return total;
 }
 
@@ -25,10 +39,11 @@ inline uint64_t SumWords(const uint64_t* p, int64_t words, int threads = 1) {
 inline double ProbeReadGBs(int threads) {
   const int64_t words = int64_t{64} << 20;  // 512 MiB
   std::vector<uint64_t> a(static_cast<size_t>(words), 1);
+  ThreadPool pool(threads);
   double best = 0.0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(SumWords(a.data(), words, threads));
+    benchmark::DoNotOptimize(SumWords(a.data(), words, pool));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, static_cast<double>(words) * 8 / s / 1e9);
   }

@@ -1,4 +1,4 @@
-// Thread-count helpers around OpenMP, so no layer reads the environment.
+// Thread-count helpers, so no layer reads the environment.
 #pragma once
 
 #include <cstdint>

@@ -1,13 +1,13 @@
 #include "kv/dense_cache.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
 
 #include "base/fp16.h"
+#include "base/thread_pool.h"
+#include "base/threads.h"
 
 namespace kvq {
 namespace {
@@ -35,7 +35,7 @@ class DenseKvCache final : public KvCache {
       : shape_(shape),
         max_tokens_(max_tokens),
         row_(shape.num_kv_heads * shape.head_dim),
-        num_threads_(num_threads > 0 ? num_threads : omp_get_max_threads()) {}
+        pool_(std::make_unique<ThreadPool>(num_threads > 0 ? num_threads : AvailableThreads())) {}
 
   Status AddSequence(SeqId seq) override {
     if (sequences_.count(seq) != 0)
@@ -116,13 +116,14 @@ class DenseKvCache final : public KvCache {
     const int64_t group = shape_.num_heads / kv_heads;
     // One task per (query token, KV head): the group's query heads share each
     // K/V row read.
-#pragma omp parallel num_threads(num_threads_)
-    {
+    const int64_t tasks = n * kv_heads;
+    const int threads = static_cast<int>(std::min<int64_t>(pool_->size(), tasks));
+    pool_->RunOnThreads(threads, [&](int thread) {
       std::vector<float> scores(static_cast<size_t>(group * total));  // [group, total]
       std::vector<float> row(static_cast<size_t>(dim));               // one K or V head row
       std::vector<float> acc(static_cast<size_t>(group * dim));       // [group, dim]
-#pragma omp for schedule(static)
-      for (int64_t task = 0; task < n * kv_heads; ++task) {
+      const auto [first, last] = ThreadPool::StaticRange(tasks, threads, thread);
+      for (int64_t task = first; task < last; ++task) {
         const int64_t i = task / kv_heads, g = task % kv_heads;
         const int64_t visible = total - n + i + 1;
         const float* q_group = q + (i * shape_.num_heads + g * group) * dim;  // [group, dim]
@@ -159,7 +160,7 @@ class DenseKvCache final : public KvCache {
           std::copy_n(&acc[h * dim], dim, out + (i * shape_.num_heads + g * group + h) * dim);
         }
       }
-    }
+    });
     return Status::Ok();
   }
 
@@ -189,7 +190,7 @@ class DenseKvCache final : public KvCache {
   KvShape shape_;
   int64_t max_tokens_;
   int64_t row_;  // num_kv_heads * head_dim
-  int num_threads_;
+  std::unique_ptr<ThreadPool> pool_;
   std::map<SeqId, Sequence> sequences_;
 };
 

@@ -13,7 +13,8 @@ namespace kvq {
 enum class DenseKvType { kF32, kF16 };
 
 // `max_tokens` bounds every sequence (the model's context length);
-// `num_threads` is how many OpenMP threads Attend uses (0 = OpenMP's default).
+// `num_threads` is how many threads Attend uses (its own pool; 0 = every
+// core). A reference cache: it allocates its scratch on every call.
 std::unique_ptr<KvCache> MakeDenseKvCache(const KvShape& shape, DenseKvType type,
                                           int64_t max_tokens, int num_threads = 0);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "kv/kv_cache.h"
 
 namespace kvq {
@@ -33,7 +34,12 @@ struct KvCacheOptions {
   int64_t block_tokens = 16;  // tokens per paged block
   int64_t max_tokens = 0;     // per-sequence limit (the model's context); required
   size_t memory_bytes = 0;    // allocator budget; 0 = room for one sequence of max_tokens
-  int num_threads = 0;        // OpenMP threads for Attend (0 = OpenMP's default)
+  // The threads Attend runs on: normally the model's pool
+  // (Transformer::pool()), so one set of workers serves the whole decode
+  // step and none polls while another works. Null: the cache starts its own
+  // pool of num_threads (0 = every core), for tests and kernels alone.
+  ThreadPool* pool = nullptr;
+  int num_threads = 0;
   // `kvq calibrate` output for codecs that need one (KVQuant's nuq*); loaded
   // once by the cache, ignored by the others.
   std::string calibration_path;

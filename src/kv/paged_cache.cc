@@ -1,11 +1,10 @@
 #include "kv/paged_cache.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "base/threads.h"
 #include "kv/hadamard.h"
 #include "kv/kv_calibration.h"
 #include "kv/kv_policy.h"
@@ -23,7 +22,12 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options,
     : shape_(shape),
       options_(options),
       layout_(layout),
-      num_threads_(options.num_threads > 0 ? options.num_threads : omp_get_max_threads()) {}
+      own_pool_(options.pool != nullptr
+                    ? nullptr
+                    : std::make_unique<ThreadPool>(options.num_threads > 0 ? options.num_threads
+                                                                           : AvailableThreads())),
+      pool_(options.pool != nullptr ? options.pool : own_pool_.get()),
+      num_threads_(pool_->size()) {}
 
 StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shape,
                                                              const KvCacheOptions& options) {

@@ -208,7 +208,9 @@ class PagedKvCache final : public KvCache {
   KvShape shape_;
   KvCacheOptions options_;
   KvLayout layout_;
-  int num_threads_;
+  std::unique_ptr<ThreadPool> own_pool_;  // when options.pool was null
+  ThreadPool* pool_;                      // runs Attend's tasks
+  int num_threads_;                       // pool_->size()
   std::string type_name_;
   std::unique_ptr<BlockAllocator> allocator_;
   // One codec instance per (layer, KV head): index layer * num_kv_heads + head.
@@ -234,7 +236,7 @@ class PagedKvCache final : public KvCache {
   std::map<SeqId, Sequence> sequences_;
   std::unique_ptr<KvPrefixIndex> prefix_;  // null while prefix caching is off
 
-  // Attention scratch of one OpenMP thread (sized in Create for the largest
+  // Attention scratch of one pool thread (sized in Create for the largest
   // task: max_rows query rows, a softmax chunk, the codecs' prepared query).
   struct ThreadScratch {
     std::vector<float> q_rows, probs, acc, row_max, row_sum, block;

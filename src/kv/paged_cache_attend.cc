@@ -1,7 +1,5 @@
 // PagedKvCache's fused attention (paged_cache.h): the run state it uses, sized
 // once, and the tile loop over (query tile, KV head) tasks with split-K.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -145,15 +143,9 @@ PagedKvCache::AttendPlan PagedKvCache::PlanAttend(const Sequence& s, int64_t lay
 void PagedKvCache::AttendTiles(const Sequence& s, int64_t layer, int64_t n, const float* q,
                                float scale, float* out) const {
   const AttendPlan plan = PlanAttend(s, layer, n);
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads_, plan.num_tasks));
-#pragma omp parallel num_threads(threads)
-  {
-    ThreadScratch& ts = thread_scratch_[static_cast<size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < plan.num_tasks; ++task) {
-      AttendTask(s, layer, plan, task, q, scale, ts, out);
-    }
-  }
+  pool_->ForEach(plan.num_tasks, Schedule::kDynamic, [&](int64_t task, int thread) {
+    AttendTask(s, layer, plan, task, q, scale, thread_scratch_[static_cast<size_t>(thread)], out);
+  });
   if (plan.splits > 1) MergeSplits(plan, out);
 }
 

@@ -95,7 +95,7 @@ StatusOr<std::unique_ptr<Transformer>> Transformer::Create(ModelFiles files, int
                                                            ops::DecodeArith arith) {
   std::unique_ptr<Transformer> model(new Transformer());
   model->files_ = std::move(files);
-  model->num_threads_ = num_threads < 1 ? 1 : num_threads;
+  model->pool_ = std::make_unique<ThreadPool>(num_threads);
   model->arith_ = arith;
   const ModelConfig& c = model->files_.config;
   const ModelFiles& f = model->files_;
@@ -231,9 +231,9 @@ Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequenc
   std::vector<float>& attn = act_.attn;    // [T, num_heads, head_dim]
 
   ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-  ops::Matmul(w.attn_q, xn.data(), T, q.data(), num_threads_, &workspace_, arith_);
-  ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), num_threads_, &workspace_, arith_);
-  ops::Matmul(w.attn_v, xn.data(), T, v.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.attn_q, xn.data(), T, q.data(), *pool_, &workspace_, arith_);
+  ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), *pool_, &workspace_, arith_);
+  ops::Matmul(w.attn_v, xn.data(), T, v.data(), *pool_, &workspace_, arith_);
   if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
   if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
   if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
@@ -256,7 +256,7 @@ Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequenc
                                      attn.data() + offset * q_dim));
     offset += n;
   }
-  ops::Matmul(w.attn_output, attn.data(), T, xn.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.attn_output, attn.data(), T, xn.data(), *pool_, &workspace_, arith_);
   AddInPlace(xn.data(), T * hidden, x.data());
   return Status::Ok();
 }
@@ -272,10 +272,10 @@ void Transformer::FeedForwardBlock(int64_t layer) {
   std::vector<float>& gate = act_.gate;  // [T, intermediate]
   std::vector<float>& up = act_.up;      // [T, intermediate]
   ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-  ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), num_threads_, &workspace_, arith_);
-  ops::Matmul(w.ffn_up, xn.data(), T, up.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), *pool_, &workspace_, arith_);
+  ops::Matmul(w.ffn_up, xn.data(), T, up.data(), *pool_, &workspace_, arith_);
   ops::SwiGlu(gate.data(), up.data(), T * c.intermediate_size, gate.data());
-  ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), *pool_, &workspace_, arith_);
   AddInPlace(xn.data(), T * hidden, x.data());
 }
 
@@ -292,7 +292,7 @@ void Transformer::OutputHead(std::vector<float>* logits) {
   }
   ops::RmsNorm(rows.data(), weights_.output_norm.data(), R, hidden, c.rms_norm_eps, rows.data());
   logits->resize(static_cast<size_t>(R * c.vocab_size));
-  ops::Matmul(weights_.output, rows.data(), R, logits->data(), num_threads_, &workspace_, arith_);
+  ops::Matmul(weights_.output, rows.data(), R, logits->data(), *pool_, &workspace_, arith_);
 }
 
 StatusOr<std::vector<std::vector<double>>> KBiasNorms(const ModelFiles& files) {

@@ -101,6 +101,9 @@ class Transformer {
   KvShape kv_shape() const;
   // Bytes of weights one decoded token reads (every matrix once).
   int64_t WeightBytesPerToken() const;
+  // The threads Forward runs its products on. Give it to the KV cache
+  // (KvCacheOptions::pool) so attention runs on the same workers.
+  ThreadPool* pool() { return pool_.get(); }
 
   // Runs every token of `batch` through the model. For each sequence, the
   // tokens continue at position cache.Length(seq). logits: [rows, vocab],
@@ -121,7 +124,7 @@ class Transformer {
   TransformerWeights weights_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   ops::RopeLayout rope_layout_ = ops::RopeLayout::kHalves;
-  int num_threads_ = 1;
+  std::unique_ptr<ThreadPool> pool_;
   ops::DecodeArith arith_ = ops::DecodeArith::kInt8Dot;
   ops::MatmulWorkspace workspace_;
   ForwardActivations act_;

@@ -82,10 +82,10 @@ int64_t PackedMinTokens(WeightType type, DecodeArith arith) {
   return kPackedMinTokens;
 }
 
-void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
+void Matmul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
             MatmulWorkspace* workspace, DecodeArith arith) {
   if (n >= PackedMinTokens(w.type, arith)) {
-    MatmulPacked(w, x, n, y, num_threads, workspace);
+    MatmulPacked(w, x, n, y, pool, workspace);
   } else if (arith == DecodeArith::kInt8Dot && Int8DotIsFaster(w.type)) {
     const int64_t bytes = n * Int8ActRowBytes(w.type, w.cols);
     std::vector<uint8_t> local;
@@ -95,9 +95,9 @@ void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_th
       acts = local.data();
     }
     QuantizeActs(w.type, x, n, w.cols, acts);
-    MatvecInt8(w, acts, n, y, num_threads);
+    MatvecInt8(w, acts, n, y, pool);
   } else {
-    MatvecBatch(w, x, n, y, num_threads);
+    MatvecBatch(w, x, n, y, pool);
   }
 }
 

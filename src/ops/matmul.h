@@ -6,7 +6,8 @@
 //  - MatmulPacked (matmul_packed.cc): register-blocked Highway GEMM over
 //    weight panels decoded to f32 once per call; best from ~32 tokens;
 //  - MatmulSgemm: OpenBLAS sgemm, fed F16/BF16/Q8_0 weights one decoded
-//    row panel at a time (kept as a comparison baseline).
+//    row panel at a time (kept as a comparison baseline; it alone still
+//    runs its threads through OpenMP, which OpenBLAS's build shares).
 // Measured (bench/ops_bench.cc, docs/benchmarks.md; CPU-time GFLOP/s on
 // the shared 2-core VM): at n = 512 MatmulPacked is 1.5-2.4x MatvecBatch
 // and 0.85-1.1x OpenBLAS f32 sgemm at the same shape (with OpenBLAS forced
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "ops/weights.h"
 
 namespace kvq::ops {
@@ -91,7 +93,7 @@ int64_t PackedMinTokens(WeightType type, DecodeArith arith);
 // `workspace` holds MatmulPacked's buffers and the quantized activations;
 // it may be null only when n < kPackedMinTokens (the integer path then
 // allocates its activation rows).
-void Matmul(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
+void Matmul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
             MatmulWorkspace* workspace, DecodeArith arith);
 
 // Always sgemm (panels for non-F32 types, decoded into `workspace`, which
@@ -104,7 +106,7 @@ void MatmulSgemm(const WeightView& w, const float* x, int64_t n, float* y, int n
 // Register-blocked GEMM (matmul_packed.cc): weight panels decoded to f32
 // once per call into `workspace` (one small panel per thread), then reused
 // for every token. Any n >= 1; f32 accumulation, same error bound as Matvec.
-void MatmulPacked(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
+void MatmulPacked(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
                   MatmulWorkspace* workspace);
 
 // Scalar twin: n independent MatvecRef calls.

@@ -15,7 +15,6 @@
 // sgemm). Activations are repacked once per call so each tile streams one
 // contiguous run; the next weight block is prefetched while a block is in
 // use, since a model's weights come from DRAM.
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -343,25 +342,27 @@ void PanelColumns(const WeightView& w, const float* HWY_RESTRICT xp, int64_t n,
 constexpr uintptr_t kPanelAlign = 64;
 
 void MatmulPackedImpl(const WeightView& w, const float* HWY_RESTRICT x, int64_t n,
-                      float* HWY_RESTRICT y, int num_threads, MatmulWorkspace* workspace) {
+                      float* HWY_RESTRICT y, ThreadPool& pool, MatmulWorkspace* workspace) {
   const int64_t panels = (w.rows + kPanelRows - 1) / kPanelRows;
   const int64_t groups = (n + kTileTokens - 1) / kTileTokens;
   const int threads =
-      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pool.size(), panels)));
   workspace->Reserve(threads, kPanelRows * kDepth + kPanelAlign / sizeof(float));
   float* xp = workspace->Shared(groups * kTileTokens * w.cols);  // packed x, see XpOffset
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    float* raw = workspace->panel(omp_get_thread_num());
-    float* panel = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw) + kPanelAlign - 1) &
-                                            ~uintptr_t{kPanelAlign - 1});
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) PackTokens(x, n, w.cols, groups, g, xp);
-      // Dynamic: a panel is ~0.5 ms of work at n = 512, and on a shared
-      // machine a thread that loses its core should not hold up the others.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t p = 0; p < panels; ++p) PanelColumns(w, xp, n, y, p * kPanelRows, p + 1, panel);
-  }
+  pool.ForEach(
+      groups, Schedule::kStatic,
+      [&](int64_t g, int) HWY_ATTR { PackTokens(x, n, w.cols, groups, g, xp); }, threads);
+  // Dynamic: a panel is ~0.5 ms of work at n = 512, and on a shared
+  // machine a thread that loses its core should not hold up the others.
+  pool.ForEach(
+      panels, Schedule::kDynamic,
+      [&](int64_t p, int thread) HWY_ATTR {
+        float* raw = workspace->panel(thread);
+        float* panel = reinterpret_cast<float*>(
+            (reinterpret_cast<uintptr_t>(raw) + kPanelAlign - 1) & ~uintptr_t{kPanelAlign - 1});
+        PanelColumns(w, xp, n, y, p * kPanelRows, p + 1, panel);
+      },
+      threads);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -373,9 +374,9 @@ namespace kvq::ops {
 
 HWY_EXPORT(MatmulPackedImpl);
 
-void MatmulPacked(const WeightView& w, const float* x, int64_t n, float* y, int num_threads,
+void MatmulPacked(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
                   MatmulWorkspace* workspace) {
-  HWY_DYNAMIC_DISPATCH(MatmulPackedImpl)(w, x, n, y, num_threads, workspace);
+  HWY_DYNAMIC_DISPATCH(MatmulPackedImpl)(w, x, n, y, pool, workspace);
 }
 
 }  // namespace kvq::ops

@@ -3,8 +3,6 @@
 // the dispatching entry points and the scalar reference twins.
 #include "ops/matvec.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -298,21 +296,22 @@ HWY_INLINE void MatvecRows(const WeightView& w, const float* HWY_RESTRICT x, int
 constexpr int64_t kTokenChunk = 64;
 
 void MatvecBatchImpl(const WeightView& w, const float* HWY_RESTRICT x, int64_t n,
-                     float* HWY_RESTRICT y, int num_threads) {
+                     float* HWY_RESTRICT y, ThreadPool& pool) {
   constexpr int64_t kRowBlock = 4;
   const int64_t row_blocks = w.rows / kRowBlock;
   // Below ~64 KiB of weights the fork/join costs more than it saves.
-  const bool parallel = num_threads > 1 && w.bytes() >= (int64_t{64} << 10);
-#pragma omp parallel num_threads(num_threads) if (parallel)
-  for (int64_t t0 = 0; t0 < n; t0 += kTokenChunk) {
-    const int64_t tn = std::min(kTokenChunk, n - t0);
-    // Static schedule: each thread keeps the same rows for every chunk, so
-    // no barrier is needed between chunks.
-#pragma omp for schedule(static) nowait
-    for (int64_t rb = 0; rb < row_blocks; ++rb) {
-      MatvecRows<kRowBlock>(w, x + t0 * w.cols, tn, y + t0 * w.rows, rb * kRowBlock);
+  const int threads = w.bytes() >= (int64_t{64} << 10) ? pool.size() : 1;
+  pool.RunOnThreads(threads, [&](int thread) HWY_ATTR {
+    // Each thread keeps the same rows for every chunk of tokens, so no
+    // barrier is needed between chunks.
+    const auto [rb0, rb1] = ThreadPool::StaticRange(row_blocks, threads, thread);
+    for (int64_t t0 = 0; t0 < n; t0 += kTokenChunk) {
+      const int64_t tn = std::min(kTokenChunk, n - t0);
+      for (int64_t rb = rb0; rb < rb1; ++rb) {
+        MatvecRows<kRowBlock>(w, x + t0 * w.cols, tn, y + t0 * w.rows, rb * kRowBlock);
+      }
     }
-  }
+  });
   for (int64_t r = row_blocks * kRowBlock; r < w.rows; ++r) MatvecRows<1>(w, x, n, y, r);
 }
 
@@ -390,12 +389,12 @@ namespace kvq::ops {
 HWY_EXPORT(MatvecBatchImpl);
 HWY_EXPORT(DequantizeRowsImpl);
 
-void Matvec(const WeightView& w, const float* x, float* y, int num_threads) {
-  HWY_DYNAMIC_DISPATCH(MatvecBatchImpl)(w, x, 1, y, num_threads);
+void Matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool) {
+  HWY_DYNAMIC_DISPATCH(MatvecBatchImpl)(w, x, 1, y, pool);
 }
 
-void MatvecBatch(const WeightView& w, const float* x, int64_t n, float* y, int num_threads) {
-  HWY_DYNAMIC_DISPATCH(MatvecBatchImpl)(w, x, n, y, num_threads);
+void MatvecBatch(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
+  HWY_DYNAMIC_DISPATCH(MatvecBatchImpl)(w, x, n, y, pool);
 }
 
 void MatvecRef(const WeightView& w, const float* x, float* y) {

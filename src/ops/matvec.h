@@ -5,13 +5,14 @@
 
 #include <cstdint>
 
+#include "base/thread_pool.h"
 #include "ops/weights.h"
 
 namespace kvq::ops {
 
 // y[w.rows] = W[w.rows, w.cols] · x[w.cols], f32 accumulation.
-// Rows are split into contiguous ranges over `num_threads` OpenMP threads
-// (1 = run on the calling thread). x and y must not overlap.
+// Rows are split into contiguous ranges over the pool's threads (a pool of
+// 1 runs on the calling thread). x and y must not overlap.
 //
 // Every block type keeps x in f32 and decodes W on the fly, bit-exactly
 // (each weight is a * q + b with a * q exact in f32, one rounding, as
@@ -52,14 +53,14 @@ namespace kvq::ops {
 // 4864 x 896, one thread, vs_probe) the two paths are within 10% of each
 // other except q6_K (0.58 f32 -> 0.66 integer) and q8_0 at 896 x 4864
 // (0.93 -> 0.80).
-void Matvec(const WeightView& w, const float* x, float* y, int num_threads);
+void Matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool);
 
 // Batched products without BLAS: y[n, w.rows] = x[n, w.cols] · Wᵀ. Tiles of
 // 4 rows x up to 4 tokens; each 4-row slice of W is decoded from memory once
 // per 64 tokens and reused from L1 for all of them. Same error bound and
 // threading as Matvec (whose n = 1 case it is). Matmul routes non-f32
 // weights here; see matmul.h for the measurements behind that.
-void MatvecBatch(const WeightView& w, const float* x, int64_t n, float* y, int num_threads);
+void MatvecBatch(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool);
 
 // Same contract as Matvec, scalar, double accumulation, weights decoded by
 // DequantizeRowRef.

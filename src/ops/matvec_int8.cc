@@ -7,8 +7,6 @@
 
 #include "ops/matvec_int8.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -237,28 +235,31 @@ KVQ_VNNI_ATTR HWY_INLINE void RowsInt8(const WeightView& w, const uint8_t* acts,
 #endif  // KVQ_INT8_DOT_SIMD
 
 KVQ_VNNI_ATTR void MatvecInt8Impl(const WeightView& w, const uint8_t* HWY_RESTRICT acts, int64_t n,
-                                  float* HWY_RESTRICT y, int num_threads) {
+                                  float* HWY_RESTRICT y, ThreadPool& pool) {
   constexpr int64_t kRowBlock = 4;
   const int64_t row_blocks = w.rows / kRowBlock;
-  const bool parallel = num_threads > 1 && w.bytes() >= (int64_t{64} << 10);
+  const int threads = w.bytes() >= (int64_t{64} << 10) ? pool.size() : 1;
 #if KVQ_INT8_DOT_SIMD
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (parallel)
-  for (int64_t rb = 0; rb < row_blocks; ++rb) RowsInt8<kRowBlock>(w, acts, n, y, rb * kRowBlock);
+  pool.ForEach(
+      row_blocks, Schedule::kStatic,
+      [&](int64_t rb, int) KVQ_VNNI_ATTR { RowsInt8<kRowBlock>(w, acts, n, y, rb * kRowBlock); },
+      threads);
   for (int64_t r = row_blocks * kRowBlock; r < w.rows; ++r) RowsInt8<1>(w, acts, n, y, r);
 #else
   // No SIMD kernel on this target: the scalar twin, rows split as above.
   const int64_t act_bytes = Int8ActRowBytes(w.type, w.cols);
-  const int64_t chunks = row_blocks + 1;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (parallel)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t r0 = c * kRowBlock;
-    const int64_t count = std::min(kRowBlock, w.rows - r0);
-    if (count <= 0) continue;
-    const WeightView slice{w.type, count, w.cols, w.row(r0)};
-    for (int64_t t = 0; t < n; ++t) {
-      MatvecInt8Ref(slice, acts + t * act_bytes, y + t * w.rows + r0, nullptr);
-    }
-  }
+  pool.ForEach(
+      row_blocks + 1, Schedule::kStatic,
+      [&](int64_t c, int) {
+        const int64_t r0 = c * kRowBlock;
+        const int64_t count = std::min(kRowBlock, w.rows - r0);
+        if (count <= 0) return;
+        const WeightView slice{w.type, count, w.cols, w.row(r0)};
+        for (int64_t t = 0; t < n; ++t) {
+          MatvecInt8Ref(slice, acts + t * act_bytes, y + t * w.rows + r0, nullptr);
+        }
+      },
+      threads);
 #endif
 }
 
@@ -271,8 +272,8 @@ namespace kvq::ops {
 
 HWY_EXPORT(MatvecInt8Impl);
 
-void MatvecInt8(const WeightView& w, const uint8_t* acts, int64_t n, float* y, int num_threads) {
-  HWY_DYNAMIC_DISPATCH(MatvecInt8Impl)(w, acts, n, y, num_threads);
+void MatvecInt8(const WeightView& w, const uint8_t* acts, int64_t n, float* y, ThreadPool& pool) {
+  HWY_DYNAMIC_DISPATCH(MatvecInt8Impl)(w, acts, n, y, pool);
 }
 
 }  // namespace kvq::ops

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "base/thread_pool.h"
 #include "ops/weights.h"
 
 namespace kvq::ops {
@@ -77,9 +78,9 @@ void QuantizeActs(WeightType type, const float* x, int64_t n, int64_t cols, uint
 
 // y[n, w.rows] = W · acts (n quantized rows of w.cols values, from
 // QuantizeActs(w.type, ...)). HasInt8Dot(w.type) must hold. Rows are split
-// over `num_threads` OpenMP threads. AVX2 and up use SIMD integer dot
+// over the pool's threads. AVX2 and up use SIMD integer dot
 // products (AVX-512 VNNI where present); other targets run the scalar twin.
-void MatvecInt8(const WeightView& w, const uint8_t* acts, int64_t n, float* y, int num_threads);
+void MatvecInt8(const WeightView& w, const uint8_t* acts, int64_t n, float* y, ThreadPool& pool);
 
 // Scalar twin of MatvecInt8 for one activation row: the same exact integer
 // sums per block (int32) and the same f32 scale products (weight scale times

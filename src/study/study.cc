@@ -47,7 +47,8 @@ StatusOr<Json> PrepareCalibration(LoadedModel& model, const std::vector<int32_t>
   const KvShape shape = model.transformer->kv_shape();
   bool needed = false;
   for (const SchemeSpec& spec : schemes) {
-    KVQ_ASSIGN_OR_RETURN(bool needs, NeedsCalibrationFile(shape, SchemeCacheOptions(spec, 16, 1)));
+    KVQ_ASSIGN_OR_RETURN(bool needs,
+                         NeedsCalibrationFile(shape, SchemeCacheOptions(spec, 16, nullptr)));
     needed = needed || needs;
   }
   path->clear();
@@ -189,12 +190,13 @@ namespace {
 // fork that extends it).
 std::function<StatusOr<std::unique_ptr<KvCache>>()> CacheMaker(const LoadedModel& model,
                                                                const SchemeSpec& spec,
-                                                               int64_t max_tokens, int threads,
+                                                               int64_t max_tokens,
                                                                const std::string& calibration,
                                                                int64_t sequences = 2) {
   const KvShape shape = model.transformer->kv_shape();
+  ThreadPool* pool = model.transformer->pool();
   return [=]() -> StatusOr<std::unique_ptr<KvCache>> {
-    KvCacheOptions options = SchemeCacheOptions(spec, max_tokens, threads, calibration);
+    KvCacheOptions options = SchemeCacheOptions(spec, max_tokens, pool, calibration);
     KVQ_ASSIGN_OR_RETURN(KvTypePlan plan, PlanKvType(shape, options));
     options.memory_bytes = static_cast<size_t>(ExactKvBytes(plan.layout, sequences, max_tokens));
     return MakeKvCache(shape, options);
@@ -336,7 +338,8 @@ Status RunEndToEndStage(LoadedModel& model, const std::string& text,
   Json series = Json::array();
   for (size_t i = 0; i < schemes.size(); ++i) {
     const SchemeSpec& spec = schemes[i];
-    const KvCacheOptions cache = SchemeCacheOptions(spec, max_tokens, o.threads, calibration);
+    const KvCacheOptions cache =
+        SchemeCacheOptions(spec, max_tokens, model.transformer->pool(), calibration);
     if (recorded[i].is_null() || (i == 0 && any_missing)) {
       auto result =
           RunSchemeEndToEnd(model, text, filler, spec, e2e, i == 0, [&](const SchemeProgress& p) {
@@ -375,7 +378,7 @@ Status RunNeedleStage(LoadedModel& model, const std::string& calibration, const 
   for (int64_t c : AllContexts(o.needle.options)) longest = std::max(longest, c);
   std::vector<NeedleScheme> schemes;
   for (const SchemeSpec& spec : F16First(o.needle.schemes)) {
-    schemes.push_back({spec.name, CacheMaker(model, spec, longest, o.threads, calibration)});
+    schemes.push_back({spec.name, CacheMaker(model, spec, longest, calibration)});
   }
   KVQ_ASSIGN_OR_RETURN(
       out["needle"],
@@ -397,8 +400,8 @@ Status RunGsm8kStage(LoadedModel& model, const std::string& calibration, const S
   const int64_t per_answer = std::min(context, longest + o.gsm8k.options.max_new_tokens);
   std::vector<Gsm8kScheme> schemes;
   for (const SchemeSpec& spec : F16First(o.gsm8k.schemes)) {
-    schemes.push_back({spec.name, CacheMaker(model, spec, per_answer, o.threads, calibration,
-                                             o.gsm8k.options.batch + 1)});
+    schemes.push_back(
+        {spec.name, CacheMaker(model, spec, per_answer, calibration, o.gsm8k.options.batch + 1)});
   }
   KVQ_ASSIGN_OR_RETURN(out["gsm8k"],
                        RunGsm8kStudy(model, data, schemes, o.gsm8k.options, o.gsm8k.dir,

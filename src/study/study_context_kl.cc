@@ -33,7 +33,7 @@ StatusOr<Json> MeasurePoint(LoadedModel& model, const std::string& text, const S
                             const std::function<void(int64_t fed, int64_t total)>& on_tokens) {
   const auto start = std::chrono::steady_clock::now();
   const KvCacheOptions cache_options =
-      SchemeCacheOptions(spec, length, o.threads, o.calibration_path);
+      SchemeCacheOptions(spec, length, model.transformer->pool(), o.calibration_path);
   KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                        MakeKvCache(model.transformer->kv_shape(), cache_options));
   PerplexityOptions p;
@@ -144,7 +144,7 @@ StatusOr<Json> ContextKlSchemesJson(const LoadedModel& model,
   const KvShape shape = model.transformer->kv_shape();
   for (size_t s = 0; s < schemes.size(); ++s) {
     KVQ_ASSIGN_OR_RETURN(KvTypePlan plan,
-                         PlanKvType(shape, SchemeCacheOptions(schemes[s], lengths.back(), o.threads,
+                         PlanKvType(shape, SchemeCacheOptions(schemes[s], lengths.back(), nullptr,
                                                               o.calibration_path)));
     Json points = Json::array();
     for (int64_t length : lengths) points.push_back(done[s].at(length));

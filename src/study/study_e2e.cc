@@ -68,7 +68,7 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
     }
     // The planner builds the same layout the cache allocates: an unknown
     // codec name or an impossible rotation fails here, before any model work.
-    auto plan = PlanKvType(shape, SchemeCacheOptions(spec, 16, 1));
+    auto plan = PlanKvType(shape, SchemeCacheOptions(spec, 16, nullptr));
     if (!plan.ok()) return Status::Error("scheme '" + spec.name + "': " + plan.status().message());
     specs.push_back(std::move(spec));
     start = comma + 1;
@@ -79,7 +79,7 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
 
 std::string DefaultStudySchemes() { return DefaultKvStudySchemes(); }
 
-KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads,
+KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, ThreadPool* pool,
                                   const std::string& calibration_path) {
   KvCacheOptions o;
   o.calibration_path = calibration_path;
@@ -88,7 +88,7 @@ KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, in
   o.rotate = spec.rotate;
   o.policy = spec.policy;
   o.max_tokens = max_tokens;
-  o.num_threads = threads;
+  o.pool = pool;
   return o;
 }
 
@@ -213,11 +213,11 @@ StatusOr<SchemeResult> RunSchemeEndToEnd(
   r.spec = spec;
   r.baseline = is_baseline;
   const KvCacheOptions cache_options =
-      SchemeCacheOptions(spec, max_tokens, options.threads, options.calibration_path);
+      SchemeCacheOptions(spec, max_tokens, model.transformer->pool(), options.calibration_path);
   KVQ_ASSIGN_OR_RETURN(r.plan, PlanKvType(shape, cache_options));
   SchemeSpec f16{"f16", "f16", "f16", false, ""};
   KVQ_ASSIGN_OR_RETURN(KvTypePlan f16_plan,
-                       PlanKvType(shape, SchemeCacheOptions(f16, max_tokens, options.threads)));
+                       PlanKvType(shape, SchemeCacheOptions(f16, max_tokens, nullptr)));
   r.bytes_per_token = r.plan.layout.BytesPerToken();
   r.bits_per_value =
       r.bytes_per_token * 8.0 / (2.0 * shape.num_layers * shape.num_kv_heads * shape.head_dim);

@@ -37,8 +37,10 @@ StatusOr<std::vector<SchemeSpec>> ParseSchemeList(const std::string& list, const
 // The default --schemes list.
 std::string DefaultStudySchemes();
 
+// pool: the threads of the model the cache serves (Transformer::pool());
+// null when the options only feed the planner.
 // calibration_path: the KVQuant calibration file (ignored by other schemes).
-KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, int threads,
+KvCacheOptions SchemeCacheOptions(const SchemeSpec& spec, int64_t max_tokens, ThreadPool* pool,
                                   const std::string& calibration_path = "");
 
 struct RecallOptions {

@@ -24,6 +24,7 @@ struct BenchFlags {
   std::vector<int64_t> depths{0};
   int repetitions = 5;
   int threads = 0;
+  int poll_us = 0;  // set by AddPollFlag
   bool exact_matvec = false;
   KvFlags kv;
 };
@@ -37,6 +38,7 @@ int RunBenchCommand(const BenchFlags& flags) {
     return CommandError("bench", loaded.status().message());
   }
   Transformer& model = *loaded->transformer;
+  model.pool()->SetPollMicros(flags.poll_us);
   // Every test size runs at every depth, so the longest sequence is the
   // deepest depth plus the largest test.
   int64_t max_depth = 0, max_test = 0;
@@ -45,7 +47,7 @@ int RunBenchCommand(const BenchFlags& flags) {
   for (int64_t n : flags.gen_tokens) max_test = std::max(max_test, n);
   const int64_t max_context = max_depth + max_test;
   const KvShape shape = model.kv_shape();
-  auto kv_options = KvFlagsToOptions(flags.kv, max_context, threads);
+  auto kv_options = KvFlagsToOptions(flags.kv, max_context, model.pool());
   if (!kv_options.ok()) {
     return CommandError("bench", kv_options.status().message());
   }
@@ -123,6 +125,7 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& ctx) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
+  AddPollFlag(*cmd, &flags->poll_us);
   cmd->add_flag("--exact-matvec", flags->exact_matvec,
                 "Decode block-quantized weights against f32 activations (exact) instead of "
                 "llama.cpp's 8-bit activations and integer dot products");

@@ -24,6 +24,7 @@ struct GenerateFlags {
   uint64_t seed = 0;
   bool chat = false;
   int threads = 0;
+  int poll_us = 0;  // set by AddPollFlag
   int64_t context = 0;
   KvFlags kv;
 };
@@ -34,9 +35,10 @@ int RunGenerate(const GenerateFlags& flags) {
   if (!loaded.ok()) {
     return CommandError("generate", loaded.status().message());
   }
+  loaded->transformer->pool()->SetPollMicros(flags.poll_us);
   const ModelConfig& config = loaded->transformer->config();
   const int64_t context = flags.context > 0 ? flags.context : config.max_position_embeddings;
-  auto kv_options = KvFlagsToOptions(flags.kv, context, threads);
+  auto kv_options = KvFlagsToOptions(flags.kv, context, loaded->transformer->pool());
   if (!kv_options.ok()) {
     return CommandError("generate", kv_options.status().message());
   }
@@ -121,6 +123,7 @@ void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--chat", flags->chat, "Apply the model's chat template to the prompt");
   cmd->add_option("-t,--threads", flags->threads, "Threads (default: all cores)")
       ->check(ThreadsCheck());
+  AddPollFlag(*cmd, &flags->poll_us);
   cmd->add_option("-c,--ctx", flags->context,
                   "Context length in tokens (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);

@@ -74,7 +74,7 @@ int RunPerplexityCommand(const PerplexityFlags& flags) {
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) return CommandError("perplexity", loaded.status().message());
-  auto options = KvFlagsToOptions(flags.kv, flags.context, threads);
+  auto options = KvFlagsToOptions(flags.kv, flags.context, loaded->transformer->pool());
   if (!options.ok()) return CommandError("perplexity", options.status().message());
   const KvShape shape = loaded->transformer->kv_shape();
   auto plan = PlanKvType(shape, *options);

@@ -136,7 +136,7 @@ StatusOr<Plan> MakePlan(const PlanFlags& flags) {
   KVQ_RETURN_IF_ERROR(ResolveWeights(plan.model, flags.weights_dtype, &plan));
   KVQ_RETURN_IF_ERROR(ResolveMemory(flags.memory, &plan));
 
-  KVQ_ASSIGN_OR_RETURN(KvCacheOptions options, KvFlagsToOptions(flags.kv, plan.context, 0));
+  KVQ_ASSIGN_OR_RETURN(KvCacheOptions options, KvFlagsToOptions(flags.kv, plan.context, nullptr));
   WarnEarly(plan.model, options);
   KVQ_ASSIGN_OR_RETURN(plan.selected, PlanKvType(plan.shape, options));
   plan.under_policy = !options.policy.empty();

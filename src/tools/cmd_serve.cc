@@ -37,6 +37,7 @@ struct ServeFlags {
   int http_threads = 64;
   double shutdown_timeout = 30;
   int threads = 0;
+  int poll_us = 0;  // set by AddPollFlag
   // vLLM's default. Costs a hash per full block; cached blocks no request
   // holds count as free and are evicted when needed, and greedy outputs
   // are the same (tests/server/scheduler_test.cc), so only sharing is
@@ -120,7 +121,7 @@ void ServeUntilSignalled(const sigset_t& signals, const ServeFlags& flags, int p
 
 int RunServe(const ServeFlags& flags) {
   // SIGTERM/SIGINT are taken by one thread with sigwait; block them before
-  // any other thread (OpenMP, HTTP, engine) exists so none receives them.
+  // any other thread (the model's pool, HTTP, engine) exists so none receives them.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -131,6 +132,7 @@ int RunServe(const ServeFlags& flags) {
   const int threads = flags.threads > 0 ? flags.threads : AvailableThreads();
   auto loaded = LoadModel(flags.model, threads);
   if (!loaded.ok()) return CommandError("serve", loaded.status().message());
+  loaded->transformer->pool()->SetPollMicros(flags.poll_us);
   const ModelConfig& config = loaded->transformer->config();
   int64_t max_model_len = config.max_position_embeddings;
   if (flags.max_model_len > 0) {
@@ -141,7 +143,7 @@ int RunServe(const ServeFlags& flags) {
     }
     max_model_len = flags.max_model_len;
   }
-  auto kv_options = KvFlagsToOptions(flags.kv, max_model_len, threads);
+  auto kv_options = KvFlagsToOptions(flags.kv, max_model_len, loaded->transformer->pool());
   if (!kv_options.ok()) return CommandError("serve", kv_options.status().message());
   auto cache = MakeKvCache(loaded->transformer->kv_shape(), *kv_options);
   if (!cache.ok()) return CommandError("serve", cache.status().message());
@@ -232,6 +234,7 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
       ->check(FiniteRange(0, 3600));
   cmd->add_option("-t,--threads", flags->threads, "Threads for the model (default: all cores)")
       ->check(ThreadsCheck());
+  AddPollFlag(*cmd, &flags->poll_us);
   CLI::Option* prefix = cmd->add_flag(
       "--enable-prefix-caching,!--no-enable-prefix-caching", flags->enable_prefix_caching,
       "Share the KV blocks of common prompt prefixes copy-on-write, vLLM's automatic prefix "

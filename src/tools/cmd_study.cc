@@ -132,7 +132,7 @@ Status CheckFits(const std::string& path, const std::vector<SchemeSpec>& schemes
   for (const SchemeSpec& s : schemes) {
     KVQ_ASSIGN_OR_RETURN(
         KvTypePlan p,
-        PlanKvType(PlanKvShape(c), SchemeCacheOptions(s, c.max_position_embeddings, 1)));
+        PlanKvType(PlanKvShape(c), SchemeCacheOptions(s, c.max_position_embeddings, nullptr)));
     kv = std::max(kv, ExactKvBytes(p.layout, 1, c.max_position_embeddings));
   }
   // q, K pre/post, V per layer in f32, plus three [T, T] f32 score matrices.

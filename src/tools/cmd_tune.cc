@@ -109,7 +109,7 @@ int RunTuneCommand(const TuneFlags& flags) {
   options.kl_budget = flags.kl_budget;
   options.context = flags.context;
   options.windows = flags.windows;
-  options.cache.num_threads = threads;
+  options.cache.pool = loaded->transformer->pool();
   options.cache.calibration_path = flags.calibration;
   std::error_code ec;
   const std::filesystem::path work =

@@ -20,13 +20,16 @@ inline int CommandError(const char* command, const std::string& message) {
 }
 
 // Checks every numeric flag shares (tools/flag_checks.cc).
-// -t/--threads: 0 = all cores, else 1..kMaxThreads. More OpenMP threads than
+// -t/--threads: 0 = all cores, else 1..kMaxThreads. More threads than
 // that only cost memory and start-up (and 100000 exhausts the process).
 inline constexpr int kMaxThreads = 1024;
 CLI::Validator ThreadsCheck();
 // A finite number in [min, max]: CLI::Range alone lets NaN through (every
 // comparison with NaN is false).
 CLI::Validator FiniteRange(double min, double max);
+// --poll-us: how long the model's idle threads poll for work before they
+// sleep (ThreadPool); `*poll_us` starts at the pool's default.
+void AddPollFlag(CLI::App& cmd, int* poll_us);
 
 void RegisterInfoCommand(CLI::App& app, CommandContext& ctx);
 void RegisterTokenizeCommand(CLI::App& app, CommandContext& ctx);

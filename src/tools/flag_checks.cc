@@ -1,6 +1,7 @@
 #include <cmath>
 #include <string>
 
+#include "base/thread_pool.h"
 #include "tools/commands.h"
 
 namespace kvq {
@@ -33,6 +34,15 @@ CLI::Validator FiniteRange(double min, double max) {
       },
       "FLOAT in [" + CLI::detail::to_string(min) + " - " + CLI::detail::to_string(max) + "]",
       "FiniteRange");
+}
+
+void AddPollFlag(CLI::App& cmd, int* poll_us) {
+  *poll_us = ThreadPool::kDefaultPollMicros;
+  cmd.add_option("--poll-us", *poll_us,
+                 "Microseconds an idle thread polls for work before it sleeps (default " +
+                     std::to_string(ThreadPool::kDefaultPollMicros) +
+                     "); 0 suits a machine whose cores are busy with other work")
+      ->check(CLI::Range(0, 1000000));
 }
 
 }  // namespace kvq

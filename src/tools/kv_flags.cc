@@ -62,7 +62,8 @@ void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags) {
                  "KIVI: newest tokens kept in f16, a multiple of the group (default 128)");
 }
 
-StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens, int threads) {
+StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens,
+                                          ThreadPool* pool) {
   KvCacheOptions options;
   options.k_type = flags.cache_type_k.empty() ? flags.kv_cache_dtype : flags.cache_type_k;
   options.v_type = flags.cache_type_v.empty() ? flags.kv_cache_dtype : flags.cache_type_v;
@@ -96,7 +97,7 @@ StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_toke
   options.rotate = flags.rotate;
   options.block_tokens = flags.block_tokens;
   options.max_tokens = max_tokens;
-  options.num_threads = threads;
+  options.pool = pool;
   if (!flags.memory.empty()) {
     KVQ_ASSIGN_OR_RETURN(options.memory_bytes, ParseKvMemory(flags.memory, TotalRamBytes()));
   }

@@ -32,9 +32,11 @@ struct KvFlags {
 // --group-size, --residual-length to `cmd`. `flags` must outlive parsing.
 void AddKvCacheFlags(CLI::App& cmd, KvFlags* flags);
 
-// max_tokens: the per-sequence limit (the context); threads: Attend's OpenMP
-// threads. Errors name the bad flag.
-StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens, int threads);
+// max_tokens: the per-sequence limit (the context); pool: the threads of the
+// model the cache serves (Transformer::pool()), null when the options only
+// feed the planner. Errors name the bad flag.
+StatusOr<KvCacheOptions> KvFlagsToOptions(const KvFlags& flags, int64_t max_tokens,
+                                          ThreadPool* pool);
 
 // argv with llama.cpp's -ctk / -ctv spelled --cache-type-k / --cache-type-v:
 // CLI11 takes one-letter short options only, so "-ctk q8_0" would otherwise

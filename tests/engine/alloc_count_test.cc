@@ -1,7 +1,7 @@
 // Run state is allocated once (issue 18): after a warm-up, decoding a token
 // through Transformer::Forward and the paged cache makes no heap
 // allocation. This binary replaces the global operator new with one that
-// counts while a test asks it to (every thread's allocations, OpenMP
+// counts while a test asks it to (every thread's allocations, pool
 // workers included) and otherwise just forwards to malloc.
 #include <gtest/gtest.h>
 

@@ -34,15 +34,16 @@ void ExpectMatmulNearRef(const TestWeight& w, int64_t n, int threads, std::mt199
   std::vector<float> y(static_cast<size_t>(n * w.rows), std::nanf(""));
   std::vector<float> ref(static_cast<size_t>(n * w.rows));
   MatmulWorkspace ws;
+  ThreadPool pool(threads);
   switch (path) {
     case Path::kMatmul:
-      Matmul(w.view(), x.data(), n, y.data(), threads, &ws, DecodeArith::kExactF32);
+      Matmul(w.view(), x.data(), n, y.data(), pool, &ws, DecodeArith::kExactF32);
       break;
     case Path::kSgemm:
       MatmulSgemm(w.view(), x.data(), n, y.data(), threads, &ws);
       break;
     case Path::kPacked:
-      MatmulPacked(w.view(), x.data(), n, y.data(), threads, &ws);
+      MatmulPacked(w.view(), x.data(), n, y.data(), pool, &ws);
       break;
   }
   MatmulRef(w.view(), x.data(), n, ref.data());
@@ -140,6 +141,7 @@ TEST_P(MatmulTest, PackedTileEdges) {
 TEST_P(MatmulTest, IntegerValuesExactAllPathsReusedWorkspace) {
   std::mt19937 rng(23);
   MatmulWorkspace ws;
+  ThreadPool pool(2);
   for (WeightType type : opstest::kAllWeightTypes) {
     for (int64_t cols : {4864, 64, 896}) {
       const std::vector<float> ints = opstest::RandomIntegers(rng, 48 * cols, 4);
@@ -148,9 +150,9 @@ TEST_P(MatmulTest, IntegerValuesExactAllPathsReusedWorkspace) {
       for (int64_t n : {3, 70}) {
         const std::vector<float> x = opstest::RandomIntegers(rng, n * cols, 4);
         std::vector<float> y(n * 48), y2(n * 48), y3(n * 48), ref(n * 48);
-        Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kExactF32);
+        Matmul(w.view(), x.data(), n, y.data(), pool, &ws, DecodeArith::kExactF32);
         MatmulSgemm(w.view(), x.data(), n, y2.data(), 2, &ws);
-        MatmulPacked(w.view(), x.data(), n, y3.data(), 2, &ws);
+        MatmulPacked(w.view(), x.data(), n, y3.data(), pool, &ws);
         MatmulRef(w.view(), x.data(), n, ref.data());
         EXPECT_EQ(y, ref) << WeightTypeName(type) << " " << cols << " n " << n;
         EXPECT_EQ(y2, ref) << WeightTypeName(type) << " " << cols << " n " << n;

@@ -61,7 +61,8 @@ void ExpectKernelNearTwin(const opstest::TestWeight& w, const std::vector<float>
   std::vector<uint8_t> acts(static_cast<size_t>(n * act_bytes));
   QuantizeActs(w.type, x.data(), n, w.cols, acts.data());
   std::vector<float> y(static_cast<size_t>(n * w.rows), std::nanf(""));
-  MatvecInt8(w.view(), acts.data(), n, y.data(), threads);
+  ThreadPool pool(threads);
+  MatvecInt8(w.view(), acts.data(), n, y.data(), pool);
   std::vector<float> ref(static_cast<size_t>(w.rows));
   std::vector<double> abs_terms(static_cast<size_t>(w.rows));
   const double k = static_cast<double>(w.cols / 2 + 16);
@@ -153,7 +154,8 @@ TEST_P(MatvecInt8Test, ExactWhenTermsAreExact) {
     std::vector<uint8_t> acts(static_cast<size_t>(act_bytes));
     QuantizeActs(type, x.data(), 1, cols, acts.data());
     std::vector<float> y(rows), ref(rows);
-    MatvecInt8(w.view(), acts.data(), 1, y.data(), 1);
+    ThreadPool one_thread(1);
+    MatvecInt8(w.view(), acts.data(), 1, y.data(), one_thread);
     MatvecInt8Ref(w.view(), acts.data(), ref.data(), nullptr);
     EXPECT_EQ(y, ref) << WeightTypeName(type);
   }
@@ -175,9 +177,10 @@ TEST_P(MatvecInt8Test, BatchEqualsOneRowAtATime) {
       QuantizeActs(type, x.data(), n, cols, acts.data());
       for (int threads : {1, 2}) {
         std::vector<float> batch(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
-        MatvecInt8(w.view(), acts.data(), n, batch.data(), threads);
+        ThreadPool pool(threads);
+        MatvecInt8(w.view(), acts.data(), n, batch.data(), pool);
         for (int64_t t = 0; t < n; ++t) {
-          MatvecInt8(w.view(), acts.data() + t * act_bytes, 1, one.data(), threads);
+          MatvecInt8(w.view(), acts.data() + t * act_bytes, 1, one.data(), pool);
           for (int64_t r = 0; r < rows; ++r) {
             ASSERT_EQ(batch[t * rows + r], one[r])
                 << WeightTypeName(type) << " n " << n << " token " << t << " row " << r;
@@ -260,19 +263,20 @@ TEST(MatmulDecodeArithTest, RoutesByTypeChoiceAndRows) {
       QuantizeActs(type, x.data(), n, cols, acts.data());
       std::vector<float> int8(n * rows), exact(n * rows), packed(n * rows), y(n * rows);
       MatmulWorkspace ws;
-      MatvecInt8(w.view(), acts.data(), n, int8.data(), 2);
-      MatvecBatch(w.view(), x.data(), n, exact.data(), 2);
-      MatmulPacked(w.view(), x.data(), n, packed.data(), 2, &ws);
-      Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kInt8Dot);
+      ThreadPool pool(2);
+      MatvecInt8(w.view(), acts.data(), n, int8.data(), pool);
+      MatvecBatch(w.view(), x.data(), n, exact.data(), pool);
+      MatmulPacked(w.view(), x.data(), n, packed.data(), pool, &ws);
+      Matmul(w.view(), x.data(), n, y.data(), pool, &ws, DecodeArith::kInt8Dot);
       const bool int8_route =
           Int8DotIsFaster(type) && n < PackedMinTokens(type, DecodeArith::kInt8Dot);
       EXPECT_EQ(y, int8_route ? int8 : n >= kPackedMinTokens ? packed : exact) << what;
       if (n < kPackedMinTokens) {
         std::vector<float> y_null(n * rows);
-        Matmul(w.view(), x.data(), n, y_null.data(), 2, nullptr, DecodeArith::kInt8Dot);
+        Matmul(w.view(), x.data(), n, y_null.data(), pool, nullptr, DecodeArith::kInt8Dot);
         EXPECT_EQ(y_null, y) << what;
       }
-      Matmul(w.view(), x.data(), n, y.data(), 2, &ws, DecodeArith::kExactF32);
+      Matmul(w.view(), x.data(), n, y.data(), pool, &ws, DecodeArith::kExactF32);
       EXPECT_EQ(y, n >= kPackedMinTokens ? packed : exact) << what;
     }
   }

@@ -38,7 +38,8 @@ double Bound(const TestWeight& w, const std::vector<float>& x, int64_t r) {
 void ExpectMatvecNearRef(const TestWeight& w, const std::vector<float>& x, int threads) {
   std::vector<float> y(static_cast<size_t>(w.rows), std::nanf(""));
   std::vector<float> ref(static_cast<size_t>(w.rows));
-  Matvec(w.view(), x.data(), y.data(), threads);
+  ThreadPool pool(threads);
+  Matvec(w.view(), x.data(), y.data(), pool);
   MatvecRef(w.view(), x.data(), ref.data());
   for (int64_t r = 0; r < w.rows; ++r) {
     ASSERT_NEAR(y[r], ref[r], Bound(w, x, r)) << WeightTypeName(w.type) << " [" << w.rows << ", "
@@ -91,7 +92,8 @@ TEST_P(MatvecTest, IntegerValuesAreExact) {
         const std::vector<float> x = opstest::RandomIntegers(rng, cols, 8);
         std::vector<float> y(static_cast<size_t>(rows)), ref(static_cast<size_t>(rows));
         for (int threads : {1, 2}) {
-          Matvec(w.view(), x.data(), y.data(), threads);
+          ThreadPool pool(threads);
+          Matvec(w.view(), x.data(), y.data(), pool);
           MatvecRef(w.view(), x.data(), ref.data());
           EXPECT_EQ(y, ref) << WeightTypeName(type) << " " << rows << "x" << cols;
         }
@@ -108,7 +110,8 @@ TEST_P(MatvecTest, EdgeValues) {
     {
       const TestWeight w = MakeWeight(type, rows, cols, std::vector<float>(rows * cols, 0.0f));
       std::vector<float> y(rows, 1.0f);
-      Matvec(w.view(), opstest::RandomVector(rng, cols, 1.0f).data(), y.data(), 1);
+      ThreadPool one_thread(1);
+      Matvec(w.view(), opstest::RandomVector(rng, cols, 1.0f).data(), y.data(), one_thread);
       for (float v : y) EXPECT_EQ(v, 0.0f) << WeightTypeName(type);
     }
     // Large magnitudes: near each type's top of range, sums still finite.

@@ -150,11 +150,12 @@ TEST_P(QuantKernelTest, MatvecAndBatchNearReference) {
           const std::vector<float> x = opstest::RandomVector(rng, n * cols, 2.0f);
           std::vector<float> y(static_cast<size_t>(n * rows), std::nanf(""));
           for (int threads : {1, 2}) {
+            ThreadPool pool(threads);
             if (n == 1) {
-              Matvec(w.view(), x.data(), y.data(), threads);
+              Matvec(w.view(), x.data(), y.data(), pool);
               ExpectNearRef(w, x, 1, y, "Matvec");
             }
-            MatvecBatch(w.view(), x.data(), n, y.data(), threads);
+            MatvecBatch(w.view(), x.data(), n, y.data(), pool);
             ExpectNearRef(w, x, n, y, "MatvecBatch");
           }
         }
@@ -176,9 +177,10 @@ TEST_P(QuantKernelTest, PackedAndRoutedMatmulNearReference) {
         const std::vector<float> x = opstest::RandomVector(rng, n * cols, 1.5f);
         std::vector<float> y(static_cast<size_t>(n * rows), std::nanf(""));
         MatmulWorkspace ws;
-        MatmulPacked(w.view(), x.data(), n, y.data(), 2, &ws);
+        ThreadPool two_threads(2), one_thread(1);
+        MatmulPacked(w.view(), x.data(), n, y.data(), two_threads, &ws);
         ExpectNearRef(w, x, n, y, "MatmulPacked");
-        Matmul(w.view(), x.data(), n, y.data(), 1, &ws, DecodeArith::kExactF32);
+        Matmul(w.view(), x.data(), n, y.data(), one_thread, &ws, DecodeArith::kExactF32);
         ExpectNearRef(w, x, n, y, "Matmul");
       }
     }

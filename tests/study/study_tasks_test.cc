@@ -39,7 +39,7 @@ class StudyTasksTest : public test_util::TinyModelTest {
   void SetUp() override { ASSERT_NO_FATAL_FAILURE(LoadTinyModel(1)); }
   std::unique_ptr<KvCache> Cache(const std::string& type, int64_t tokens) {
     SchemeSpec spec{type, type, type, false, ""};
-    KvCacheOptions o = SchemeCacheOptions(spec, tokens, 1);
+    KvCacheOptions o = SchemeCacheOptions(spec, tokens, model_.transformer->pool());
     o.memory_bytes = 0;
     auto plan = PlanKvType(model_.transformer->kv_shape(), o);
     EXPECT_TRUE(plan.ok());
@@ -185,7 +185,7 @@ TEST_F(StudyTasksTest, BatchedAnswersEqualOneAtATime) {
   };
   for (const char* type : {"f16", "kivi2"}) {
     SchemeSpec spec{type, type, type, false, ""};
-    KvCacheOptions o = SchemeCacheOptions(spec, 640, 1);
+    KvCacheOptions o = SchemeCacheOptions(spec, 640, model_.transformer->pool());
     auto plan = PlanKvType(model_.transformer->kv_shape(), o);
     ASSERT_TRUE(plan.ok());
     o.memory_bytes = static_cast<size_t>(ExactKvBytes(plan->layout, 6, 640));

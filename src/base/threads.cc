@@ -1,13 +1,21 @@
 #include "base/threads.h"
 
-#include <omp.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
+#include <thread>
 
 namespace kvq {
 
-int AvailableThreads() { return omp_get_num_procs(); }
+int AvailableThreads() {
+  // The CPUs this process may run on (taskset, cgroup cpusets), as
+  // omp_get_num_procs counts them; all of the machine's when unknown.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 }  // namespace kvq
 

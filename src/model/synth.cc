@@ -5,6 +5,8 @@
 #include <filesystem>
 
 #include "base/fp16.h"
+#include "base/thread_pool.h"
+#include "base/threads.h"
 #include "io/mapped_file.h"
 #include "io/safetensors.h"
 #include "model/gguf_config.h"
@@ -87,8 +89,9 @@ void FillNormal(uint64_t seed, const std::string& name, float* out, int64_t n) {
   constexpr int64_t kChunk = 1 << 14;
   const uint64_t base = HashName(name) ^ (seed * 0x9E3779B97F4A7C15ull);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
+  // Each chunk has its own stream, so the values do not depend on threads.
+  ThreadPool pool(chunks > 1 ? AvailableThreads() : 1);
+  pool.ForEach(chunks, Schedule::kStatic, [&](int64_t c, int) {
     uint64_t state = base + static_cast<uint64_t>(c) * 0xD1B54A32D192ED03ull;
     const int64_t end = std::min(n, (c + 1) * kChunk);
     for (int64_t i = c * kChunk; i < end; i += 2) {
@@ -98,7 +101,7 @@ void FillNormal(uint64_t seed, const std::string& name, float* out, int64_t n) {
       out[i] = static_cast<float>(r * std::cos(2 * M_PI * u2));
       if (i + 1 < end) out[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2));
     }
-  }
+  });
 }
 
 bool EndsWith(const std::string& s, std::string_view suffix) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "base/thread_pool.h"
+
 namespace kvq {
 namespace {
 
@@ -349,6 +351,10 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
   std::vector<std::vector<Sums>> per_layer(rows->size(), std::vector<Sums>(s.num_layers));
   std::vector<std::vector<float>> k_q(k_choices.size()), v_q(v_choices.size());  // [T, kvh, d]
   std::vector<std::vector<Sums>> head_sums(s.num_heads);  // [heads][rows], one layer
+  ThreadPool pool(options.threads);
+  std::vector<HeadBuffers> buffers;  // [pool threads]
+  buffers.reserve(static_cast<size_t>(pool.size()));
+  for (int t = 0; t < pool.size(); ++t) buffers.emplace_back(T, d);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const LayerCapture& c = capture.layers[l];
     for (size_t i = 0; i < k_choices.size(); ++i) {
@@ -368,14 +374,9 @@ Status RunFakeQuant(const StudyCapture& capture, const FakeQuantOptions& options
     const HeadPassInputs in{c, k_q, v_q, row_k, row_v, s, T};
     // Heads in parallel, each into its own sums; they are added in head
     // order below, so the result does not depend on the thread count.
-#pragma omp parallel num_threads(std::max(1, options.threads))
-    {
-      HeadBuffers buffers(T, d);
-#pragma omp for schedule(dynamic)
-      for (int64_t h = 0; h < s.num_heads; ++h) {
-        head_sums[h] = HeadPass(in, h, buffers);
-      }
-    }
+    pool.ForEach(s.num_heads, Schedule::kDynamic, [&](int64_t h, int thread) {
+      head_sums[h] = HeadPass(in, h, buffers[static_cast<size_t>(thread)]);
+    });
     for (int64_t h = 0; h < s.num_heads; ++h) {
       for (size_t r = 0; r < rows->size(); ++r) {
         for (Sums* sums : {&total[r], &per_layer[r][l]}) sums->Add(head_sums[h][r]);

@@ -5,7 +5,9 @@ and the median over OpenMP's default waits under the same load.
 
 A run directory DIR holds log.txt (bench/pool_wait.sh's output). In each
 (load, round) a setting's first line is decode, its second prefill; a line
-with nothing after its label was cut off after 300 s.
+with nothing after its label was cut off after 300 s. A second kind,
+pool-wait-study, copies DIR/study.txt (bench/study_under_load.sh's output
+and notes) whole into a code block.
 
   bench/pool_wait_table.py render DIR
   bench/pool_wait_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into its
@@ -64,13 +66,18 @@ def render(directory):
     return "".join(out)
 
 
+def render_study(directory):
+    return "```\n" + open(os.path.join(directory, "study.txt")).read() + "```\n"
+
+
 def applies(kind, directory):
-    return os.path.exists(os.path.join(directory, "log.txt"))
+    name = "log.txt" if kind == "pool-wait" else "study.txt"
+    return os.path.exists(os.path.join(directory, name))
 
 
 def main(argv):
     return doc_blocks.cli(
-        "pool_wait_table", argv, {"pool-wait": render}, applies,
+        "pool_wait_table", argv, {"pool-wait": render, "pool-wait-study": render_study}, applies,
         lambda root: [d for d in doc_blocks.run_dirs(root, "log.txt") if d.startswith("pool-wait")],
         r"\| (\d+\.\d) \| [\d.]+ \|\n", __doc__)
 

@@ -5,12 +5,10 @@
 #   KVQ         a kvq with the pool (--poll-us)
 #   OPENMP_KVQ  a kvq from before the pool (libgomp's waits; settings from
 #               GOMP_SPINCOUNT), e.g. a build of 6089e5f
-# 'busy' runs a one-thread spin loop beside kvq for the whole measurement,
-# in its own session (setsid): with the kernel's autogroup scheduling, as on
-# Debian, CPU time is shared between sessions first, so kvq's two threads
-# get one core's worth between them, which is what another user's job or a
-# service does to kvq.
+# 'busy' runs a one-thread spin loop beside kvq for the whole measurement
+# (bench/busy_core.sh).
 set -euo pipefail
+source "$(dirname "$0")/busy_core.sh"
 kvq=$1 omp_kvq=$2 out=$3 rounds=${4:-3}
 model=.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf
 args=(generate -m "$model" --chat -p "What is a KV cache?" -n 48 --kv-cache-dtype kivi2 -t 2)
@@ -38,11 +36,7 @@ run_all() {  # $1 = idle|busy
   echo "# decode: kvq ${args[*]}"
   echo "# prefill: kvq ${pp[*]} (t/s of pp512)"
   run_all idle
-  pidfile=$(mktemp)
-  setsid bash -c 'echo $$ > "$0"; while :; do :; done' "$pidfile" &
-  sleep 1
-  hog=$(cat "$pidfile")
-  trap 'kill "$hog" 2>/dev/null; rm -f "$pidfile"' EXIT
-  echo "# busy: spin loop pid $hog, $(cat /proc/$hog/autogroup)"
+  start_busy_core
   run_all busy
+  stop_busy_core
 } | tee "$out"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Wall time of the demo's study (scripts/demo.sh's `kvq study` on the default
 # model) on an idle machine and with one core busy (a one-thread spin loop in
-# its own session, as bench/pool_wait.sh). Usage:
+# its own session, bench/busy_core.sh). Usage:
 #   bench/study_under_load.sh KVQ OUT_LOG
 set -euo pipefail
+source "$(dirname "$0")/busy_core.sh"
 kvq=$1 out=$2
 model=.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf text=.deps/corpus/test.txt
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 study() {  # $1 = label
   local t0 t1
   t0=$(date +%s.%N)
@@ -18,14 +18,9 @@ study() {  # $1 = label
 {
   echo "# $(date -u +%F), $(nproc)-core VM; kvq study -m $model -f $text --json J --report R"
   study idle
-  pidfile=$(mktemp)
-  setsid bash -c 'echo $$ > "$0"; while :; do :; done' "$pidfile" &
-  sleep 1
-  hog=$(cat "$pidfile")
-  trap 'kill "$hog" 2>/dev/null; rm -f "$pidfile"; rm -rf "$tmp"' EXIT
-  echo "# busy: spin loop pid $hog, $(cat /proc/$hog/autogroup)"
+  start_busy_core
   study busy
-  kill "$hog"
+  stop_busy_core
   # The figures must not depend on timing: compare the two JSONs without
   # their timing, date and path fields, and print each run's stage times.
   python3 - "$tmp/idle.json" "$tmp/busy.json" <<'PY'
@@ -45,3 +40,4 @@ same = strip(runs[0]) == strip(runs[1])
 print("idle and busy figures " + ("identical" if same else "DIFFER") + " (timing fields aside)")
 PY
 } | tee "$out"
+rm -rf "$tmp"

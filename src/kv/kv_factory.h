@@ -36,8 +36,10 @@ struct KvCacheOptions {
   size_t memory_bytes = 0;    // allocator budget; 0 = room for one sequence of max_tokens
   // The threads Attend runs on: normally the model's pool
   // (Transformer::pool()), so one set of workers serves the whole decode
-  // step and none polls while another works. Null: the cache starts its own
-  // pool of num_threads (0 = every core), for tests and kernels alone.
+  // step and none polls while another works. It must outlive the cache, and
+  // one thread at a time runs the model and the cache on it. Null: the cache
+  // starts its own pool of num_threads (0 = every core), for tests and
+  // kernels alone.
   ThreadPool* pool = nullptr;
   int num_threads = 0;
   // `kvq calibrate` output for codecs that need one (KVQuant's nuq*); loaded

@@ -26,8 +26,7 @@ PagedKvCache::PagedKvCache(const KvShape& shape, const KvCacheOptions& options,
                     ? nullptr
                     : std::make_unique<ThreadPool>(options.num_threads > 0 ? options.num_threads
                                                                            : AvailableThreads())),
-      pool_(options.pool != nullptr ? options.pool : own_pool_.get()),
-      num_threads_(pool_->size()) {}
+      pool_(options.pool != nullptr ? options.pool : own_pool_.get()) {}
 
 StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvShape& shape,
                                                              const KvCacheOptions& options) {

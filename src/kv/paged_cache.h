@@ -210,7 +210,6 @@ class PagedKvCache final : public KvCache {
   KvLayout layout_;
   std::unique_ptr<ThreadPool> own_pool_;  // when options.pool was null
   ThreadPool* pool_;                      // runs Attend's tasks
-  int num_threads_;                       // pool_->size()
   std::string type_name_;
   std::unique_ptr<BlockAllocator> allocator_;
   // One codec instance per (layer, KV head): index layer * num_kv_heads + head.
@@ -247,7 +246,7 @@ class PagedKvCache final : public KvCache {
   // for the first that needs it), their rotations, and the cache's type name.
   Status MakeCodecs();
   int64_t max_rows_ = 0;                               // query rows per task, at most
-  mutable std::vector<ThreadScratch> thread_scratch_;  // [num_threads_]
+  mutable std::vector<ThreadScratch> thread_scratch_;  // [pool_->size()]
   // Split-K partials: [tasks, max_rows], same, [tasks, max_rows, head_dim].
   mutable std::vector<float> part_max_, part_sum_, part_acc_;
   mutable std::vector<float> rotated_q_;    // q rotated (R, llama.cpp's), grown to the largest n

@@ -87,7 +87,7 @@ Status PagedKvCache::AllocateRunState() {
     prepared_bytes = std::max(prepared_bytes, codec->PreparedQueryBytes(max_rows_));
   }
   const size_t rows = static_cast<size_t>(max_rows_);
-  thread_scratch_.resize(static_cast<size_t>(std::max(1, num_threads_)));
+  thread_scratch_.resize(static_cast<size_t>(pool_->size()));
   for (ThreadScratch& ts : thread_scratch_) {
     ts.q_rows.resize(rows * static_cast<size_t>(dim));
     ts.probs.resize(rows * static_cast<size_t>(chunk));
@@ -98,7 +98,7 @@ Status PagedKvCache::AllocateRunState() {
     ts.prepared.resize(prepared_bytes);
   }
   // Split-K runs fewer than 4 * threads tasks (SplitsFor: base tasks < 2 * threads).
-  const size_t part_rows = 4 * static_cast<size_t>(std::max(1, num_threads_)) * rows;
+  const size_t part_rows = 4 * static_cast<size_t>(pool_->size()) * rows;
   part_max_.resize(part_rows);
   part_sum_.resize(part_rows);
   part_acc_.resize(part_rows * static_cast<size_t>(dim));
@@ -132,7 +132,7 @@ PagedKvCache::AttendPlan PagedKvCache::PlanAttend(const Sequence& s, int64_t lay
   plan.tile_queries = std::clamp<int64_t>(kTargetRows / group, 1, n);
   plan.num_tiles = (n + plan.tile_queries - 1) / plan.tile_queries;
   plan.base_tasks = plan.num_tiles * shape_.num_kv_heads;
-  plan.splits = SplitsFor(plan.base_tasks, num_threads_, plan.total);
+  plan.splits = SplitsFor(plan.base_tasks, pool_->size(), plan.total);
   plan.num_tasks = plan.base_tasks * plan.splits;
   plan.max_rows = plan.tile_queries * group;
   plan.chunk_blocks = std::max<int64_t>(1, kChunkTokens / bt);

@@ -28,7 +28,6 @@ namespace HWY_NAMESPACE {
 
 #if KVQ_INT8_DOT_SIMD
 using qdot::Dot;
-using qdot::ScaledDot;
 
 HWY_INLINE float Half(uint16_t bits) { return _cvtsh_ss(bits); }
 
@@ -112,9 +111,14 @@ HWY_INLINE void ForEachGroup(std::integer_sequence<int, kG...>, F&& f) {
 // super-block, row and token the int32 lanes of sum_i sc_i * dot_i (exact,
 // and exact in f32: |lane| <= 8 * 128 * 4 * 32 * 127 < 2^24), times d_x *
 // d_w in f32, minus d_x * dmin_w times the integer min correction (f32), as
-// the twin. The scales are unpacked once per super-block and row and each
-// group's weights once per row, for all NT tokens; the per-(row, token)
-// arithmetic and its order do not depend on NT (as SmallTile).
+// the twin. Lane i holds values 4i..4i+3 of each group (vpmaddubsw's i16
+// pairs, then vpmaddwd with the scales), whatever the target. The scales
+// are unpacked once per super-block and row, each group's weights once per
+// row, and an offset type's kOffset * x once per token, for all NT tokens;
+// the per-(row, token) arithmetic and its order do not depend on NT (as
+// SmallTile). vpmaddubsw cannot saturate: weights are unsigned and at most
+// 63, |x| <= 127, so a pair is at most 2 * 63 * 127 < 32767, and after the
+// offset |q - kOffset| <= 32.
 template <int R, int NT, class T>
 KVQ_VNNI_ATTR HWY_INLINE void KTile(const uint8_t* row0, int64_t row_bytes, const uint8_t* acts,
                                     int64_t act_bytes, int64_t blocks, float* y, int64_t y_stride,
@@ -137,15 +141,20 @@ KVQ_VNNI_ATTR HWY_INLINE void KTile(const uint8_t* row0, int64_t row_bytes, cons
     }
     ForEachGroup(std::make_integer_sequence<int, 8>(), [&](auto gc) KVQ_VNNI_ATTR HWY_ATTR {
       constexpr int g = decltype(gc)::value;
-      __m256i x[NT];
-      for (int t = 0; t < NT; ++t) x[t] = qdot::Load32(a[t]->qs + 32 * g);
+      __m256i x[NT], offset[NT];
+      for (int t = 0; t < NT; ++t) {
+        x[t] = qdot::Load32(a[t]->qs + 32 * g);
+        if constexpr (T::kOffset != 0) {
+          offset[t] = _mm256_maddubs_epi16(qdot::Bytes(T::kOffset), x[t]);
+        }
+      }
       for (int r = 0; r < R; ++r) {
         const __m256i w = T::template Weights<g>(row0 + r * row_bytes, b);
-        const __m256i scale = T::kPer32 ? qdot::ScaleLanes(p[r].sc[2 * g])
-                                        : qdot::ScaleLanes(p[r].sc[2 * g], p[r].sc[2 * g + 1]);
+        const __m256i scale = T::template ScaleWords<g>(p[r]);
         for (int t = 0; t < NT; ++t) {
-          const qdot::Operands o = qdot::Prepare<T::kSigned>(w, x[t]);
-          isum[t][r] = ScaledDot(isum[t][r], o.u, o.s, scale);
+          __m256i words = _mm256_maddubs_epi16(w, x[t]);
+          if constexpr (T::kOffset != 0) words = _mm256_sub_epi16(words, offset[t]);
+          isum[t][r] = qdot::DotWords(isum[t][r], words, scale);
         }
       }
     });
@@ -153,8 +162,8 @@ KVQ_VNNI_ATTR HWY_INLINE void KTile(const uint8_t* row0, int64_t row_bytes, cons
       for (int r = 0; r < R; ++r) {
         const float dd = a[t]->d * Half(p[r].d);
         acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][r]), _mm256_set1_ps(dd), acc[t][r]);
-        mins[t][r] -=
-            a[t]->d * Half(p[r].dmin) * static_cast<float>(qdot::IntMin(p[r], a[t]->bsums));
+        const int32_t int_min = T::kMin ? qdot::IntMin(p[r], a[t]->bsums) : 0;
+        mins[t][r] -= a[t]->d * Half(p[r].dmin) * static_cast<float>(int_min);
       }
     }
   }

@@ -13,6 +13,10 @@
 // (|w| of a signed type, or an unsigned type's 63), activations at most
 // 127 in magnitude, 2 * 128 * 127 < 32767.
 //
+// The K-quants take vpmaddubsw's i16 pairs straight to vpmaddwd with their
+// per-group scales (vpdpwssd on VNNI), ggml's arithmetic: the scales ride
+// in the multiply the dot needs anyway, instead of an i32 multiply after it.
+//
 // Lanes 0-3 of a group's dot hold values 0-15, lanes 4-7 values 16-31, so
 // per-16 scales (Q2_K, Q3_K, Q6_K) multiply lanes, never split one.
 
@@ -56,21 +60,6 @@ HWY_INLINE __m256i Load32(const void* p) {
 }
 HWY_INLINE __m256i Bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
 
-// Scale lanes for ScaledDot: `lo` for values 0-15, `hi` for 16-31 (i16
-// lanes for vpmaddwd, i32 lanes for the VNNI path's vpmulld).
-#if HWY_TARGET == HWY_AVX3_DL
-HWY_INLINE __m256i ScaleLanes(int lo, int hi) {
-  return _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo));
-}
-HWY_INLINE __m256i ScaleLanes(int both) { return _mm256_set1_epi32(both); }
-#else
-HWY_INLINE __m256i ScaleLanes(int lo, int hi) {
-  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(hi)),
-                          _mm_set1_epi16(static_cast<int16_t>(lo)));
-}
-HWY_INLINE __m256i ScaleLanes(int both) { return _mm256_set1_epi16(static_cast<int16_t>(both)); }
-#endif
-
 #if HWY_TARGET == HWY_AVX3_DL
 // AVX512-VNNI's vpdpbusd on ymm lanes, always EVEX-encoded. GCC 12 emits
 // _mm256_dpbusd_epi32 as AVX-VNNI's VEX form ("{vex} vpdpbusd") whenever the
@@ -79,6 +68,11 @@ HWY_INLINE __m256i ScaleLanes(int both) { return _mm256_set1_epi16(static_cast<i
 // the binaries for the VEX form.
 HWY_INLINE __m256i DpBusdEvex(__m256i acc, __m256i u, __m256i s) {
   asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+// vpdpwssd likewise (GCC 12 emits "{vex} vpdpwssd" for _mm256_dpwssd_epi32).
+HWY_INLINE __m256i DpWssdEvex(__m256i acc, __m256i a, __m256i b) {
+  asm("%{evex%} vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;
 }
 #endif
@@ -92,12 +86,13 @@ KVQ_VNNI_ATTR HWY_INLINE __m256i Dot(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
-// acc + lanes of scale * sum(u[k] * s[k]), scale from ScaleLanes.
-KVQ_VNNI_ATTR HWY_INLINE __m256i ScaledDot(__m256i acc, __m256i u, __m256i s, __m256i scale) {
+// acc + lanes of sum(words[2i] * scale[2i] + words[2i + 1] * scale[2i + 1])
+// (i16 words and scales, i32 lanes): vpmaddwd, fused on VNNI.
+KVQ_VNNI_ATTR HWY_INLINE __m256i DotWords(__m256i acc, __m256i words, __m256i scale) {
 #if HWY_TARGET == HWY_AVX3_DL
-  return _mm256_add_epi32(acc, _mm256_mullo_epi32(DpBusdEvex(_mm256_setzero_si256(), u, s), scale));
+  return DpWssdEvex(acc, words, scale);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(words, scale));
 #endif
 }
 
@@ -198,37 +193,69 @@ struct IntIQ4_NL : BlockScales<BlockIQ4_NL, false> {
   }
 };
 
-// K-quant super-blocks: Prepare unpacks the scales (per 16 values, sc) and
-// mins (mn, 0 where the type has none) once per block and row, for every
-// activation row; IntMin is one activation row's integer min correction
-// sum_i mn_i * bsums_i. Weights<g>(row, b) is group g's 32 integers (0..7, a
-// constant so the shifts are immediates).
+// K-quant super-blocks. Prepare unpacks a block's scales and mins once
+// per row, into i16 lanes, for every activation row; ScaleWords<g> gives
+// group g's scale per i16 lane of a maddubs result (lanes 0-7: values
+// 0-15, lanes 8-15: values 16-31); IntMin is one activation row's integer
+// min correction sum_i mn_i * bsums_i (0 for the types without mins).
+// Weights<g>(row, b) is group g's 32 unsigned integers; a type with an
+// offset (kOffset: Q3_K 4, Q6_K 32) means q - kOffset, subtracted from the
+// dot products as kOffset * x (OffsetWords), which keeps every operand of
+// vpmaddubsw unsigned without the sign trick. g is a constant (0..7), so
+// the shifts and shuffles are immediates.
 struct KPrep {
-  uint16_t d, dmin;  // f16 bits (dmin 0 where the type has none)
-  int sc[16];
-  int mn[16];
+  uint16_t d, dmin;   // f16 bits (dmin 0 where the type has none)
+  __m256i scales[2];  // i16 scales, in the layout the type's ScaleWords reads
+  __m256i mins;       // i16 min of each 16 values (types with mins)
 };
+
+HWY_INLINE int32_t HorizontalSumI32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
 HWY_INLINE int32_t IntMin(const KPrep& p, const int16_t* bsums) {
-  int32_t sum = 0;
-  for (int i = 0; i < 16; ++i) sum += p.mn[i] * bsums[i];
-  return sum;
+  return HorizontalSumI32(_mm256_madd_epi16(p.mins, Load32(bsums)));
+}
+
+// A vpshufb control that fills the low 128 bits with i16 lane `lo` and the
+// high 128 bits with lane `hi` of each half (lanes 0-7).
+HWY_INLINE __m256i WordsFrom(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * hi)),
+                          _mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * lo)));
+}
+// 16 per-16-value scales (i16 lanes 0-15) as two vectors holding lanes
+// 0-7 resp. 8-15 in both halves; ScaleWords16 picks group g's pair.
+HWY_INLINE void SplitScales16(__m256i words, __m256i* out) {
+  out[0] = _mm256_permute4x64_epi64(words, 0x44);
+  out[1] = _mm256_permute4x64_epi64(words, 0xEE);
+}
+template <int g>
+HWY_INLINE __m256i ScaleWords16(const KPrep& p) {
+  return _mm256_shuffle_epi8(p.scales[g / 4], WordsFrom((2 * g) % 8, (2 * g) % 8 + 1));
 }
 
 HWY_INLINE __m256i Srl16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
 
 template <bool kFifth, class Block>
 struct IntQ45_K {
-  static constexpr bool kSigned = false, kPer32 = true;
+  static constexpr bool kMin = true;
+  static constexpr int kOffset = 0;
   static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const Block& k = BlockAt<Block>(row, b);
+    uint64_t sc, mn;
+    KScalesMins(k.scales, &sc, &mn);
+    const __m128i mins8 = _mm_cvtsi64_si128(static_cast<int64_t>(mn));
     KPrep p{k.d, k.dmin, {}, {}};
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, mn;
-      KScaleMin(k.scales, j, &sc, &mn);
-      p.sc[2 * j] = p.sc[2 * j + 1] = sc;
-      p.mn[2 * j] = p.mn[2 * j + 1] = mn;
-    }
+    p.scales[0] =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+    p.mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));  // a min per 32 values
     return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i ScaleWords(const KPrep& p) {
+    return _mm256_shuffle_epi8(p.scales[0], WordsFrom(g, g));
   }
   template <int g>
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
@@ -246,12 +273,18 @@ using IntQ4_K = IntQ45_K<false, BlockQ4_K>;
 using IntQ5_K = IntQ45_K<true, BlockQ5_K>;
 
 struct IntQ6_K {
-  static constexpr bool kSigned = true, kPer32 = false;
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 32;
   static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ6_K& k = BlockAt<BlockQ6_K>(row, b);
-    KPrep p{k.d, 0, {}, {}};
-    for (int i = 0; i < 16; ++i) p.sc[i] = k.scales[i];
+    KPrep p{k.d, 0, {}, _mm256_setzero_si256()};
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scales));
+    SplitScales16(_mm256_cvtepi8_epi16(sc), p.scales);
     return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i ScaleWords(const KPrep& p) {
+    return ScaleWords16<g>(p);
   }
   template <int g>
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
@@ -260,17 +293,24 @@ struct IntQ6_K {
     const __m256i ql = Load32(k.ql + h * 64 + (pl & 1) * 32);
     const __m256i lo = _mm256_and_si256(pl < 2 ? ql : _mm256_srli_epi16(ql, 4), Bytes(0xF));
     const __m256i hi = _mm256_and_si256(Srl16(Load32(k.qh + h * 32), 2 * pl), Bytes(3));
-    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), Bytes(32));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
   }
 };
 
 struct IntQ3_K {
-  static constexpr bool kSigned = true, kPer32 = false;
+  static constexpr bool kMin = false;
+  static constexpr int kOffset = 4;
   static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ3_K& k = BlockAt<BlockQ3_K>(row, b);
-    KPrep p{k.d, 0, {}, {}};
-    for (int i = 0; i < 16; ++i) p.sc[i] = Q3KScale(k.scales, i);
+    KPrep p{k.d, 0, {}, _mm256_setzero_si256()};
+    alignas(32) int16_t sc[16];
+    for (int i = 0; i < 16; ++i) sc[i] = static_cast<int16_t>(Q3KScale(k.scales, i));
+    SplitScales16(Load32(sc), p.scales);
     return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i ScaleWords(const KPrep& p) {
+    return ScaleWords16<g>(p);
   }
   template <int g>
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {
@@ -278,20 +318,25 @@ struct IntQ3_K {
     const BlockQ3_K& k = BlockAt<BlockQ3_K>(row, b);
     const __m256i low = _mm256_and_si256(Srl16(Load32(k.qs + h * 32), 2 * pl), Bytes(3));
     const __m256i high = _mm256_and_si256(Srl16(Load32(k.hmask), 4 * h + pl), Bytes(1));
-    return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), Bytes(4));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
   }
 };
 
 struct IntQ2_K {
-  static constexpr bool kSigned = false, kPer32 = false;
+  static constexpr bool kMin = true;
+  static constexpr int kOffset = 0;
   static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ2_K& k = BlockAt<BlockQ2_K>(row, b);
     KPrep p{k.d, k.dmin, {}, {}};
-    for (int i = 0; i < 16; ++i) {
-      p.sc[i] = k.scales[i] & 0xF;
-      p.mn[i] = k.scales[i] >> 4;
-    }
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scales));
+    const __m128i low4 = _mm_set1_epi8(0xF);
+    SplitScales16(_mm256_cvtepu8_epi16(_mm_and_si128(s, low4)), p.scales);
+    p.mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), low4));
     return p;
+  }
+  template <int g>
+  static HWY_INLINE __m256i ScaleWords(const KPrep& p) {
+    return ScaleWords16<g>(p);
   }
   template <int g>
   static HWY_INLINE __m256i Weights(const uint8_t* row, int64_t b) {

@@ -5,7 +5,9 @@
 // depends on io.
 #pragma once
 
+#include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "base/status.h"
 
@@ -143,6 +145,23 @@ inline void KScaleMin(const uint8_t* scales, int j, uint8_t* sc, uint8_t* mn) {
     *sc = static_cast<uint8_t>((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
     *mn = static_cast<uint8_t>((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
   }
+}
+
+// All eight at once, one byte each (sc: scale j in byte j, mn likewise),
+// on 32-bit words: bytes 0-3 are the low 6 bits of scales[0..3] and
+// scales[4..7]; bytes 4-7 take a nibble of scales[8..11] and their top 2
+// bits from the top of scales[0..3] (scales) or scales[4..7] (mins).
+inline void KScalesMins(const uint8_t* scales, uint64_t* sc, uint64_t* mn) {
+  static_assert(std::endian::native == std::endian::little, "byte j of a word is scales[j]");
+  uint32_t a, b, c;
+  std::memcpy(&a, scales, 4);
+  std::memcpy(&b, scales + 4, 4);
+  std::memcpy(&c, scales + 8, 4);
+  constexpr uint32_t k6 = 0x3F3F3F3Fu, k4 = 0x0F0F0F0Fu, k2 = 0x03030303u;
+  const uint32_t sc_high = (c & k4) | (((a >> 6) & k2) << 4);
+  const uint32_t mn_high = ((c >> 4) & k4) | (((b >> 6) & k2) << 4);
+  *sc = (a & k6) | static_cast<uint64_t>(sc_high) << 32;
+  *mn = (b & k6) | static_cast<uint64_t>(mn_high) << 32;
 }
 
 // Q3_K's 6-bit scale i (0..15), minus 32.

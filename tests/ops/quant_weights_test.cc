@@ -4,8 +4,11 @@
 // against its scalar twin on every compiled SIMD target. Bit-exactness of
 // DequantizeRowRef with ggml itself is tested through llama.cpp on real
 // model files (tests/conformance/llamacpp_dequant_test.cc).
+#include <array>
 #include <cmath>
 #include <cstddef>
+#include <random>
+#include <vector>
 
 #include "ops/matmul.h"
 #include "ops/matvec.h"
@@ -73,6 +76,34 @@ TEST(QuantLayoutTest, HandBuiltBlocksDecodeAsSpecified) {
       const int p = i % 128 / 32;
       const int q = (p < 2 ? 1 : 2) | (p << 4);
       ASSERT_EQ(v[i], 2.0f * static_cast<float>(i / 16 - 8) * static_cast<float>(q - 32)) << i;
+    }
+  }
+}
+
+// The eight-at-once unpacking the integer kernels use equals the
+// per-sub-block one, on the bytes where the two halves of the packing meet
+// (all bits set, alternating patterns) and on random blocks.
+TEST(QuantLayoutTest, KScalesMinsEqualsKScaleMin) {
+  std::mt19937 rng(7);
+  std::vector<std::array<uint8_t, 12>> blocks;
+  for (uint8_t fill : {0x00, 0xFF, 0xC0, 0x3F, 0xAA, 0x55, 0x0F, 0xF0}) {
+    std::array<uint8_t, 12> s;
+    s.fill(fill);
+    blocks.push_back(s);
+  }
+  for (int i = 0; i < 2000; ++i) {
+    std::array<uint8_t, 12> s;
+    for (uint8_t& b : s) b = static_cast<uint8_t>(rng());
+    blocks.push_back(s);
+  }
+  for (const auto& s : blocks) {
+    uint64_t sc, mn;
+    KScalesMins(s.data(), &sc, &mn);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t want_sc, want_mn;
+      KScaleMin(s.data(), j, &want_sc, &want_mn);
+      ASSERT_EQ((sc >> (8 * j)) & 0xFF, want_sc) << "scale " << j;
+      ASSERT_EQ((mn >> (8 * j)) & 0xFF, want_mn) << "min " << j;
     }
   }
 }

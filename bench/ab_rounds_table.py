@@ -3,11 +3,12 @@
 
 A run directory DIR holds ab-labels.txt ("BEFORE AFTER") and, per build and
 round R, <label>-R.json (ops_bench --benchmark_format=json; its read probe
-line before the JSON is skipped) and/or <label>-R.bench.md (`kvq bench`
-table rows). Every benchmark gets a row: each round's figure for both builds
-and AFTER's speed over BEFORE's per round (time ratio for ops_bench and
-seconds, t/s ratio for kvq bench), with the median. Rounds ran one after the other on a
-shared machine, so only same-round ratios are compared.
+line before the JSON is skipped; times in ms, or in µs under a millisecond)
+and/or <label>-R.bench.md (`kvq bench` table rows). Every benchmark gets a
+row: each round's figure for both builds and AFTER's speed over BEFORE's per
+round (time ratio for ops_bench and seconds, t/s ratio for kvq bench), with
+the median. Rounds ran one after the other on a shared machine, so only
+same-round ratios are compared.
 
 A second kind, vs-llamacpp, lists the llama.cpp ratio rows of every
 DIR/*vs-llamacpp*.log (bench/vs_llamacpp.sh's output).
@@ -38,7 +39,8 @@ def read_round(directory, label, rnd):
         for b in json.loads(text[text.index("{"):])["benchmarks"]:
             if b.get("run_type") != "aggregate":
                 name = b["name"].replace("/manual_time", "")
-                out[name] = (b["real_time"] / 1e6, "ms", False)  # ns -> ms
+                ns = b["real_time"]  # kernels under a millisecond keep their digits in µs
+                out[name] = (ns / 1e3, "µs", False) if ns < 1e6 else (ns / 1e6, "ms", False)
     path = os.path.join(directory, f"{label}-{rnd}.bench.md")
     if os.path.exists(path):
         for line in open(path):

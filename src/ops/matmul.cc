@@ -68,6 +68,7 @@ bool Int8DotIsFaster(WeightType type) {
     case WeightType::kQ2_K:
     case WeightType::kQ3_K:
     case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
     case WeightType::kQ6_K:
       return true;
     default:

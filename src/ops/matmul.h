@@ -74,9 +74,17 @@ enum class DecodeArith : uint8_t {
 // The types whose integer-dot matvec beat the exact f32 one in one locked
 // ops_bench run (2026-12-02, ops/matvec.h; L2-resident Gweights/s, one
 // core): IQ4_NL 22.1 vs 3.3, Q3_K 10.9 vs 7.8, Q6_K 23.3 vs 16.6, Q4_K 20.5
-// vs 20.0, Q2_K 18.2 vs 18.0. Not (yet) the others, whose f32 kernels were
-// as fast or faster: Q8_0 20.0 vs 31.1, Q4_1 22.6 vs 25.2, Q5_0 18.9 vs
-// 20.7, Q5_1 18.1 vs 19.1, Q4_0 19.5 vs 20.8, Q5_K 12.1 vs 15.8.
+// vs 20.0, Q2_K 18.2 vs 18.0. Since the K-quants' integer kernels take
+// their scales in vpmaddwd (2026-12-07, docs/bench/kquant-dot-s38/builds,
+// two rounds on an idle 2-vCPU Intel Xeon VM at 2.3 GHz, where the f32
+// kernels ran at about half of 2026-12-02's AMD EPYC figures) every K
+// type's integer path is 2.2-3.0x its f32 path,
+// Q5_K included (18.1 vs 6.1), so Q5_K joined. Not (yet) the others, whose
+// f32 kernels were as fast or faster on 2026-12-02: Q8_0 20.0 vs 31.1, Q4_1
+// 22.6 vs 25.2, Q5_0 18.9 vs 20.7, Q5_1 18.1 vs 19.1, Q4_0 19.5 vs 20.8
+// (on 2026-12-07's machine Q8_0's integer path was 1.3x its f32 path;
+// switching a type changes the decode arithmetic of the models that use
+// it, so it waits for a run on more than one machine).
 bool Int8DotIsFaster(WeightType type);
 
 // The row count from which Matmul takes MatmulPacked for `type` under

@@ -46,13 +46,17 @@ namespace kvq::ops {
 //   30.7, q5_0 20.7 / 18.9 / 29.5, q5_1 19.1 / 18.1 / 27.4, iq4_nl 3.3 /
 //   22.1 / 30.7, q2_K 18.0 / 18.2 / 54.1, q3_K 7.8 / 10.9 / 33.3, q4_K
 //   20.0 / 20.5 / 47.1, q5_K 15.8 / 12.1 / 33.0, q6_K 16.6 / 23.3 / 48.2.
-// The integer kernels reach 0.4-0.7x ggml's: per block and row they still
-// do scalar work ggml vectorizes (the K-quants' 6-bit scale and min
+// The integer kernels reached 0.4-0.7x ggml's: per block and row they did
+// scalar work ggml vectorizes (the K-quants' 6-bit scale and min
 // unpacking and min correction, each block's f16 scale), and 256-bit, not
 // 512-bit, vectors. From DRAM (Matvec / MatvecInt8 at 896 x 4864 and
 // 4864 x 896, one thread, vs_probe) the two paths are within 10% of each
 // other except q6_K (0.58 f32 -> 0.66 integer) and q8_0 at 896 x 4864
-// (0.93 -> 0.80).
+// (0.93 -> 0.80). Since 2026-12-07 the K-quants unpack scales and mins
+// with SIMD and take the scales in vpmaddwd (docs/benchmarks.md, "K-quant
+// integer dot"): 1.8-2.6x faster, bit-identical, and 0.57-0.93x ggml's
+// vec_dot in the same run (q4_K 22.4 vs 26.8, q6_K 19.9-21.0 vs 26.7,
+// q5_K 18.1 vs 19.6, q3_K 11.5 vs 20.3 Gweights/s; a 2.3 GHz Xeon VM).
 void Matvec(const WeightView& w, const float* x, float* y, ThreadPool& pool);
 
 // Batched products without BLAS: y[n, w.rows] = x[n, w.cols] · Wᵀ. Tiles of

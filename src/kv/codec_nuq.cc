@@ -250,13 +250,26 @@ void NuqSplitRowRef(const NuqFormat& f, int64_t dim, const float* x, const float
   } else {
     // NaN sorts above +inf so it is removed first.
     auto key = [&](int64_t c) { return std::isnan(x[c]) ? INFINITY : x[c]; };
-    std::vector<int64_t> order(static_cast<size_t>(dim));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    // Channels by value, NaN last, equal values (and NaNs) in channel
+    // order: the order a stable sort by value gives. The peeling below
+    // reads only the slots + 1 first and last, so when those do not
+    // overlap two partial sorts place them, instead of sorting the row.
+    const auto before = [&](int64_t a, int64_t b) {
       const bool a_nan = std::isnan(x[a]), b_nan = std::isnan(x[b]);
       if (a_nan != b_nan) return b_nan;
-      return !a_nan && x[a] < x[b];
-    });
+      if (!a_nan && x[a] != x[b]) return x[a] < x[b];
+      return a < b;
+    };
+    std::vector<int64_t> order(static_cast<size_t>(dim));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t ends = slots + 1;
+    if (2 * ends < dim) {
+      std::partial_sort(order.begin(), order.begin() + ends, order.end(), before);
+      std::partial_sort(order.rbegin(), order.rbegin() + ends, order.rend() - ends,
+                        [&](int64_t a, int64_t b) { return before(b, a); });
+    } else {
+      std::sort(order.begin(), order.end(), before);
+    }
     int64_t lo = 0, hi = dim - 1;
     for (int64_t s = 0; s < slots && lo < hi; ++s) {
       const float drop_hi = key(order[hi]) - key(order[hi - 1]);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/fp16.h"
@@ -204,6 +205,60 @@ TEST(NuqCodec, OutliersAreStoredExactly) {
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t c2 : {(t * 7) % dim, (t * 7 + 50) % dim, (t * 7 + 90) % dim}) {
         EXPECT_EQ(back[t * dim + c2], x[t * dim + c2]) << name << " t " << t << " c " << c2;
+      }
+    }
+  }
+}
+
+// The V split reads only the ends of the row's order by value, so the codec
+// places them with partial sorts; this is the whole stable sort it must
+// equal: outlier channels, scale and offset bit for bit, on rows full of
+// ties, signed zeros, infinities and NaNs, at every width and percentage
+// (up to slots that make the two ends overlap, which sort the row).
+TEST(NuqCodec, ValueSplitEqualsTheStableSortOfTheRow) {
+  const auto stable_split = [](const codec::NuqFormat& f, int64_t dim, const float* x) {
+    auto key = [&](int64_t c) { return std::isnan(x[c]) ? INFINITY : x[c]; };
+    std::vector<int64_t> order(static_cast<size_t>(dim));
+    for (int64_t c = 0; c < dim; ++c) order[static_cast<size_t>(c)] = c;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const bool a_nan = std::isnan(x[a]), b_nan = std::isnan(x[b]);
+      if (a_nan != b_nan) return b_nan;
+      return !a_nan && x[a] < x[b];
+    });
+    std::vector<int64_t> outliers;
+    int64_t lo = 0, hi = dim - 1;
+    for (int64_t s = 0; s < f.Slots(dim) && lo < hi; ++s) {
+      const float drop_hi = key(order[hi]) - key(order[hi - 1]);
+      const float drop_lo = key(order[lo + 1]) - key(order[lo]);
+      outliers.push_back(!(drop_hi < drop_lo) ? order[hi--] : order[lo++]);
+    }
+    std::sort(outliers.begin(), outliers.end());
+    const float min = x[order[lo]], max = x[order[hi]];
+    return std::make_tuple(outliers, F32ToF16((max - min) * 0.5f),
+                           F32ToF16(min + (max - min) * 0.5f));
+  };
+  std::mt19937 rng(11);
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, 3.5f};
+  int rows = 0;
+  for (int64_t dim : {32, 64, 96, 128, 256}) {
+    for (int64_t percent : {1, 3, 10}) {
+      codec::NuqFormat f;
+      f.is_v = true;
+      f.outlier_percent = percent;
+      for (int trial = 0; trial < 200; ++trial, ++rows) {
+        std::vector<float> x(static_cast<size_t>(dim)), y(x.size());
+        // Few distinct values make ties; some rows get specials.
+        std::uniform_int_distribution<int> level(-3, 3), pick(0, 7), odds(0, 9);
+        for (float& v : x) v = odds(rng) == 0 ? specials[pick(rng)] : 0.5f * level(rng);
+        codec::NuqRowSplit split;
+        codec::NuqSplitRowRef(f, dim, x.data(), nullptr, nullptr, y.data(), &split);
+        const auto [outliers, scale_bits, offset_bits] = stable_split(f, dim, x.data());
+        ASSERT_EQ(split.slots, static_cast<int64_t>(outliers.size())) << dim << " " << percent;
+        for (size_t s = 0; s < outliers.size(); ++s) {
+          ASSERT_EQ(split.channels[s], outliers[s]) << "row " << rows << " slot " << s;
+        }
+        ASSERT_EQ(split.scale_bits, scale_bits) << "row " << rows;
+        ASSERT_EQ(split.offset_bits, offset_bits) << "row " << rows;
       }
     }
   }

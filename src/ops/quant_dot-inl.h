@@ -303,9 +303,10 @@ struct IntQ3_K {
   static HWY_INLINE KPrep Prepare(const uint8_t* row, int64_t b) {
     const BlockQ3_K& k = BlockAt<BlockQ3_K>(row, b);
     KPrep p{k.d, 0, {}, _mm256_setzero_si256()};
-    alignas(32) int16_t sc[16];
-    for (int i = 0; i < 16; ++i) sc[i] = static_cast<int16_t>(Q3KScale(k.scales, i));
-    SplitScales16(Load32(sc), p.scales);
+    int8_t sc[16];
+    Q3KScales(k.scales, sc);
+    SplitScales16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))),
+                  p.scales);
     return p;
   }
   template <int g>

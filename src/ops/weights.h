@@ -171,6 +171,24 @@ inline int Q3KScale(const uint8_t* scales, int i) {
   return (low | (high << 4)) - 32;
 }
 
+// All sixteen at once (out[i] = Q3KScale(scales, i)), on 32-bit words:
+// scale i takes a nibble of scales[i % 8] (low for i < 8) and 2 bits of
+// scales[8 + i % 4] (bits 2 * (i / 4)).
+inline void Q3KScales(const uint8_t* scales, int8_t* out) {
+  static_assert(std::endian::native == std::endian::little, "byte j of a word is scales[j]");
+  uint32_t a, b, c;
+  std::memcpy(&a, scales, 4);
+  std::memcpy(&b, scales + 4, 4);
+  std::memcpy(&c, scales + 8, 4);
+  constexpr uint32_t k4 = 0x0F0F0F0Fu, k2 = 0x03030303u;
+  const uint32_t words[4] = {(a & k4) | ((c & k2) << 4), (b & k4) | (((c >> 2) & k2) << 4),
+                             ((a >> 4) & k4) | (((c >> 4) & k2) << 4),
+                             ((b >> 4) & k4) | (((c >> 6) & k2) << 4)};
+  uint8_t biased[16];
+  std::memcpy(biased, words, 16);
+  for (int i = 0; i < 16; ++i) out[i] = static_cast<int8_t>(biased[i] - 32);
+}
+
 struct WeightView {
   WeightType type = WeightType::kF32;
   int64_t rows = 0;

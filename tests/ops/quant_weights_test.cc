@@ -108,6 +108,22 @@ TEST(QuantLayoutTest, KScalesMinsEqualsKScaleMin) {
   }
 }
 
+TEST(QuantLayoutTest, Q3KScalesEqualsQ3KScale) {
+  std::mt19937 rng(9);
+  for (int i = 0; i < 2008; ++i) {
+    std::array<uint8_t, 12> s;
+    if (i < 8) {
+      s.fill(static_cast<uint8_t>(
+          std::array<int, 8>{0x00, 0xFF, 0xC0, 0x3F, 0xAA, 0x55, 0x0F, 0xF0}[i]));
+    } else {
+      for (uint8_t& b : s) b = static_cast<uint8_t>(rng());
+    }
+    int8_t all[16];
+    Q3KScales(s.data(), all);
+    for (int j = 0; j < 16; ++j) ASSERT_EQ(all[j], Q3KScale(s.data(), j)) << "scale " << j;
+  }
+}
+
 TEST(QuantLayoutTest, RowBytesAndValidation) {
   EXPECT_EQ(RowBytes(WeightType::kQ4_1, 576), 18 * 20);
   EXPECT_EQ(RowBytes(WeightType::kQ6_K, 4864), 19 * 210);

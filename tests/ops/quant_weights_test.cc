@@ -80,23 +80,29 @@ TEST(QuantLayoutTest, HandBuiltBlocksDecodeAsSpecified) {
   }
 }
 
-// The eight-at-once unpacking the integer kernels use equals the
-// per-sub-block one, on the bytes where the two halves of the packing meet
-// (all bits set, alternating patterns) and on random blocks.
-TEST(QuantLayoutTest, KScalesMinsEqualsKScaleMin) {
-  std::mt19937 rng(7);
+// Packed scale bytes for the word-at-a-time unpackers: the patterns where
+// the packing's fields meet (all bits set, alternating bits, nibbles, the
+// 2-bit tops) and random blocks.
+std::vector<std::array<uint8_t, 12>> ScaleByteBlocks(uint32_t seed) {
   std::vector<std::array<uint8_t, 12>> blocks;
   for (uint8_t fill : {0x00, 0xFF, 0xC0, 0x3F, 0xAA, 0x55, 0x0F, 0xF0}) {
     std::array<uint8_t, 12> s;
     s.fill(fill);
     blocks.push_back(s);
   }
+  std::mt19937 rng(seed);
   for (int i = 0; i < 2000; ++i) {
     std::array<uint8_t, 12> s;
     for (uint8_t& b : s) b = static_cast<uint8_t>(rng());
     blocks.push_back(s);
   }
-  for (const auto& s : blocks) {
+  return blocks;
+}
+
+// The eight-at-once unpacking the integer kernels use equals the
+// per-sub-block one.
+TEST(QuantLayoutTest, KScalesMinsEqualsKScaleMin) {
+  for (const auto& s : ScaleByteBlocks(7)) {
     uint64_t sc, mn;
     KScalesMins(s.data(), &sc, &mn);
     for (int j = 0; j < 8; ++j) {
@@ -109,15 +115,7 @@ TEST(QuantLayoutTest, KScalesMinsEqualsKScaleMin) {
 }
 
 TEST(QuantLayoutTest, Q3KScalesEqualsQ3KScale) {
-  std::mt19937 rng(9);
-  for (int i = 0; i < 2008; ++i) {
-    std::array<uint8_t, 12> s;
-    if (i < 8) {
-      s.fill(static_cast<uint8_t>(
-          std::array<int, 8>{0x00, 0xFF, 0xC0, 0x3F, 0xAA, 0x55, 0x0F, 0xF0}[i]));
-    } else {
-      for (uint8_t& b : s) b = static_cast<uint8_t>(rng());
-    }
+  for (const auto& s : ScaleByteBlocks(9)) {
     int8_t all[16];
     Q3KScales(s.data(), all);
     for (int j = 0; j < 16; ++j) ASSERT_EQ(all[j], Q3KScale(s.data(), j)) << "scale " << j;

@@ -3,11 +3,11 @@
 
 A run directory DIR holds ab-labels.txt ("BEFORE AFTER") and, per build and
 round R, <label>-R.json (ops_bench --benchmark_format=json; its read probe
-line before the JSON is skipped; times in ms, or in µs under a millisecond)
-and/or <label>-R.bench.md (`kvq bench` table rows). Every benchmark gets a
-row: each round's figure for both builds and AFTER's speed over BEFORE's per
-round (time ratio for ops_bench and seconds, t/s ratio for kvq bench), with
-the median. Rounds ran one after the other on a shared machine, so only
+line before the JSON is skipped; a row's times in ms, or in µs when all of
+them are under a millisecond) and/or <label>-R.bench.md (`kvq bench` table
+rows). Every benchmark gets a row: each round's figure for both builds and
+AFTER's speed over BEFORE's per round (time ratio for ops_bench and seconds,
+t/s ratio for kvq bench), with the median. Rounds ran one after the other on a shared machine, so only
 same-round ratios are compared.
 
 A second kind, vs-llamacpp, lists the llama.cpp ratio rows of every
@@ -39,8 +39,7 @@ def read_round(directory, label, rnd):
         for b in json.loads(text[text.index("{"):])["benchmarks"]:
             if b.get("run_type") != "aggregate":
                 name = b["name"].replace("/manual_time", "")
-                ns = b["real_time"]  # kernels under a millisecond keep their digits in µs
-                out[name] = (ns / 1e3, "µs", False) if ns < 1e6 else (ns / 1e6, "ms", False)
+                out[name] = (b["real_time"] / 1e6, "ms", False)  # ns -> ms
     path = os.path.join(directory, f"{label}-{rnd}.bench.md")
     if os.path.exists(path):
         for line in open(path):
@@ -71,6 +70,8 @@ def render(directory):
         a = [run[0][name][0] for run in runs]
         b = [run[1][name][0] for run in runs]
         unit, higher = runs[0][0][name][1:]
+        if unit == "ms" and max(a + b) < 1:  # kernels under a millisecond keep their digits
+            a, b, unit = [v * 1e3 for v in a], [v * 1e3 for v in b], "µs"
         ratios = [(y / x) if higher else (x / y) for x, y in zip(a, b)]
         lines.append(f"| {name} | {unit} | {' '.join(f'{v:.1f}' for v in a)} | "
                      f"{' '.join(f'{v:.1f}' for v in b)} | "

@@ -200,8 +200,8 @@ struct IntIQ4_NL : BlockScales<BlockIQ4_NL, false> {
 // min correction sum_i mn_i * bsums_i (0 for the types without mins).
 // Weights<g>(row, b) is group g's 32 unsigned integers; a type with an
 // offset (kOffset: Q3_K 4, Q6_K 32) means q - kOffset, subtracted from the
-// dot products as kOffset * x (OffsetWords), which keeps every operand of
-// vpmaddubsw unsigned without the sign trick. g is a constant (0..7), so
+// pair sums as vpmaddubsw(kOffset, x) (KTile, once per token and group),
+// which keeps every weight operand unsigned without the sign trick. g is a constant (0..7), so
 // the shifts and shuffles are immediates.
 struct KPrep {
   uint16_t d, dmin;   // f16 bits (dmin 0 where the type has none)

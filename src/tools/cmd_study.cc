@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/threads.h"
+#include "base/time_left.h"
 #include "engine/chat_template.h"
 #include "engine/default_model.h"
 #include "engine/loaded_model.h"
@@ -157,15 +158,21 @@ class Progress {
     const std::string key = e.stage + "/" + e.detail;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (key != last_) time_left_ = TimeLeft();
+    time_left_.Observe(seconds, e.done);
+    std::string left;
+    if (const auto s = time_left_.Seconds(e.total); s && e.done < e.total) {
+      left = ", about " + FormatDuration(*s) + " left";
+    }
     if (live_) {
-      std::fprintf(stderr, "\r\033[K%6.1f s  [%s] %s %lld/%lld", seconds, e.stage.c_str(),
-                   e.detail.c_str(), (long long)e.done, (long long)e.total);
+      std::fprintf(stderr, "\r\033[K%6.1f s  [%s] %s %lld/%lld%s", seconds, e.stage.c_str(),
+                   e.detail.c_str(), (long long)e.done, (long long)e.total, left.c_str());
     } else if (key != last_ || (e.done == e.total && e.done != 1) ||
                seconds - last_line_ >= kLogInterval) {
       // Logs get one line when a stage starts, one when it ends, and one a
       // minute between, so an hour-long stage in a log file shows it moves.
-      std::fprintf(stderr, "%6.1f s  [%s] %s %lld/%lld\n", seconds, e.stage.c_str(),
-                   e.detail.c_str(), (long long)e.done, (long long)e.total);
+      std::fprintf(stderr, "%6.1f s  [%s] %s %lld/%lld%s\n", seconds, e.stage.c_str(),
+                   e.detail.c_str(), (long long)e.done, (long long)e.total, left.c_str());
       last_line_ = seconds;
     }
     last_ = key;
@@ -181,6 +188,7 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
   std::string last_;
   double last_line_ = 0;
+  TimeLeft time_left_;  // of the current stage/detail
 };
 
 // The context-KL stage: lengths doubling from 512 to 4096 (with --full, to

@@ -21,6 +21,17 @@ inline std::string TestPath(const std::string& test, const std::string& name) {
       .string();
 }
 
+// Removes every scratch file TestPath made for `test` in this process.
+inline void RemoveTestFiles(const std::string& test) {
+  const std::string prefix = test + "_" + std::to_string(::getpid()) + "_";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(KVQ_BINARY_DIR, ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+}
+
 // Deterministic ASCII text of exactly `bytes` bytes; with a byte-level test
 // vocabulary one byte is one token.
 inline std::string WordText(size_t bytes) {

@@ -37,7 +37,13 @@ KvCalibration Minimal() {
   return c;
 }
 
-TEST(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
+// Every test's scratch files go when it ends.
+class KvCalibrationFp8 : public ::testing::Test {
+ protected:
+  void TearDown() override { test_util::RemoveTestFiles("kvq_fp8cal"); }
+};
+
+TEST_F(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
   const KvCalibration c = Minimal();
   const std::string path = test_util::TestPath("kvq_fp8cal", "v2.safetensors");
   ASSERT_TRUE(SaveKvCalibration(c, path).ok());
@@ -81,7 +87,7 @@ TEST(KvCalibrationFp8, Version2RoundTripAndVersion1StillReads) {
       SaveVllmKvScales(*read_v1, test_util::TestPath("kvq_fp8cal", "empty.safetensors")).ok());
 }
 
-TEST(KvCalibrationFp8, VllmExportReadsBackAsTheSameScalesAndBytes) {
+TEST_F(KvCalibrationFp8, VllmExportReadsBackAsTheSameScalesAndBytes) {
   const KvCalibration c = Minimal();
   const std::string path = test_util::TestPath("kvq_fp8cal", "vllm.safetensors");
   ASSERT_TRUE(SaveVllmKvScales(c, path).ok());
@@ -126,7 +132,7 @@ TEST(KvCalibrationFp8, VllmExportReadsBackAsTheSameScalesAndBytes) {
   }
 }
 
-TEST(KvCalibrationFp8, HostileScaleFilesAreClearErrors) {
+TEST_F(KvCalibrationFp8, HostileScaleFilesAreClearErrors) {
   auto write = [](const std::string& name, float k0, bool with_v1 = true) {
     SafetensorsWriter w;
     const float one = 1.0f;

@@ -54,19 +54,23 @@ struct CellResult {
   std::map<std::string, int> simd_targets;  // trials per SIMD target ("" = not recorded)
 };
 
-// Runs (or resumes) one cell; returns its tally over every recorded trial.
-// on_trials(n): n more trials of the cell are done (recorded ones first).
-StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cell& cell,
-                             const NeedleOptions& o, const std::string& path,
-                             const std::function<void(int64_t)>& on_trials) {
-  KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
+// The trial numbers a cell's file holds.
+std::set<int> RecordedTrials(const ResultLog& log) {
   std::set<int> done;
   for (const Json& r : log.records()) {
     if (r.contains("trial") && r["trial"].is_number_integer()) done.insert(r["trial"].get<int>());
   }
-  int64_t recorded = 0;
-  for (int t : done) recorded += t < o.trials ? 1 : 0;
-  if (recorded > 0 && on_trials) on_trials(recorded);
+  return done;
+}
+
+// Runs (or resumes) one cell; returns its tally over every recorded trial.
+// on_trial(): one more trial of the cell is done (the recorded ones are not
+// reported: the caller counts them first).
+StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cell& cell,
+                             const NeedleOptions& o, const std::string& path,
+                             const std::function<void()>& on_trial) {
+  KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
+  const std::set<int> done = RecordedTrials(log);
   std::vector<int> todo;
   std::vector<NeedlePrompt> prompts;
   for (int t = 0; t < o.trials; ++t) {
@@ -110,7 +114,7 @@ StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cel
                                     {"values", values},
                                     {"prompt_tokens", static_cast<int64_t>(p.tokens.size())},
                                     {"needle_position", p.needle_position}}));
-    if (on_trials) on_trials(1);
+    if (on_trial) on_trial();
   }
   KVQ_RETURN_IF_ERROR(runner.SetPrefix({}));
   CellResult r;
@@ -155,10 +159,19 @@ class SchemeRun {
              const std::function<void(const NeedleProgress&)>& progress,
              const std::function<void(const Cell&, const CellResult&)>& on_cell) {
     progress_.total += static_cast<int64_t>(cells.size()) * o.trials;
+    // The recorded trials are counted up front, so that what is left is
+    // what will run (the progress lines' time left is measured on it).
+    int64_t recorded = 0;
     for (const Cell& cell : cells) {
-      const std::string path = (fs::path(scheme_dir_) / CellFile(cell)).string();
-      auto result = RunCell(model_, runner_, cell, o, path, [&](int64_t n) {
-        progress_.done += n;
+      auto log = ResultLog::Open(CellPath(cell));
+      if (!log.ok()) return log.status().WithContext("needle " + progress_.scheme);
+      for (int t : RecordedTrials(*log)) recorded += t < o.trials ? 1 : 0;
+    }
+    progress_.done += recorded;
+    if (recorded > 0 && progress) progress(progress_);
+    for (const Cell& cell : cells) {
+      auto result = RunCell(model_, runner_, cell, o, CellPath(cell), [&] {
+        ++progress_.done;
         if (progress) progress(progress_);
       });
       if (!result.ok()) {
@@ -180,6 +193,9 @@ class SchemeRun {
   Json TakeCells() { return std::move(cells_); }
 
  private:
+  std::string CellPath(const Cell& cell) const {
+    return (fs::path(scheme_dir_) / CellFile(cell)).string();
+  }
   SchemeRun(LoadedModel& model, const std::string& name, std::unique_ptr<KvCache> cache,
             std::string scheme_dir)
       : model_(model),

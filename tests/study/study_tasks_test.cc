@@ -309,7 +309,12 @@ TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
   // Progress counts recorded trials too; the files hold one line per trial
   // run, so their lengths tell what ran.
   NeedleProgress last;
-  auto count = [&](const NeedleProgress& p) { last = p; };
+  std::vector<int64_t> dones;  // of the last run, for the last scheme that reported
+  auto count = [&](const NeedleProgress& p) {
+    if (p.scheme != last.scheme) dones.clear();
+    last = p;
+    dones.push_back(p.done);
+  };
   auto lines = [](const std::string& path) {
     std::ifstream in(path);
     return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
@@ -337,10 +342,12 @@ TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
   const auto size = fs::file_size(cell);
   EXPECT_EQ(lines(cell), 3);
   fs::resize_file(cell, size - 5);
+  last = {};
   auto second = RunNeedleStudy(model_, schemes, o, dir, count);
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_EQ(lines(cell), 3);  // 2 kept + only the lost trial again
   EXPECT_EQ(last.done, 3);
+  EXPECT_EQ(dones, (std::vector<int64_t>{2, 3}));  // the recorded trials first, at once
   EXPECT_EQ((*second)["schemes"][0]["cells"], j["schemes"][0]["cells"]);
   // More trials later: only the new ones run.
   o.trials = 4;
@@ -351,9 +358,13 @@ TEST_F(StudyTasksTest, NeedleStudyResumesAndSkipsWhereF16Fails) {
   EXPECT_EQ((*more)["schemes"][0]["cells"][0]["trials"], 4);
   // Another grid over the same cell (a depth added) reuses the recorded one.
   o.depths = {0.25, 0.5};
+  last = {};
   auto wider = RunNeedleStudy(model_, schemes, o, dir, count);
   ASSERT_TRUE(wider.ok()) << wider.status().message();
   EXPECT_EQ(lines(cell), 4);
+  // The second cell's recorded trials are counted before the first cell
+  // runs, so every later report is one trial that ran.
+  EXPECT_EQ(dones, (std::vector<int64_t>{4, 5, 6, 7, 8}));
   ASSERT_EQ((*wider)["schemes"][0]["cells"].size(), 2u);
   EXPECT_EQ((*wider)["schemes"][0]["cells"][1], (*more)["schemes"][0]["cells"][0]);
   // Another seed is another configuration: refused.

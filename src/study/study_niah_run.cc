@@ -63,13 +63,12 @@ std::set<int> RecordedTrials(const ResultLog& log) {
   return done;
 }
 
-// Runs (or resumes) one cell; returns its tally over every recorded trial.
-// on_trial(): one more trial of the cell is done (the recorded ones are not
-// reported: the caller counts them first).
+// Runs (or resumes) one cell, appending to its opened file; returns its
+// tally over every recorded trial. on_trial(): one more trial of the cell is
+// done (the recorded ones are not reported: the caller counts them first).
 StatusOr<CellResult> RunCell(LoadedModel& model, PrefixRunner& runner, const Cell& cell,
-                             const NeedleOptions& o, const std::string& path,
+                             const NeedleOptions& o, ResultLog& log,
                              const std::function<void()>& on_trial) {
-  KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
   const std::set<int> done = RecordedTrials(log);
   std::vector<int> todo;
   std::vector<NeedlePrompt> prompts;
@@ -162,15 +161,19 @@ class SchemeRun {
     // The recorded trials are counted up front, so that what is left is
     // what will run (the progress lines' time left is measured on it).
     int64_t recorded = 0;
+    std::vector<ResultLog> logs;  // [cells.size()]
     for (const Cell& cell : cells) {
-      auto log = ResultLog::Open(CellPath(cell));
+      const std::string path = (fs::path(scheme_dir_) / CellFile(cell)).string();
+      auto log = ResultLog::Open(path);
       if (!log.ok()) return log.status().WithContext("needle " + progress_.scheme);
       for (int t : RecordedTrials(*log)) recorded += t < o.trials ? 1 : 0;
+      logs.push_back(std::move(*log));
     }
     progress_.done += recorded;
     if (recorded > 0 && progress) progress(progress_);
-    for (const Cell& cell : cells) {
-      auto result = RunCell(model_, runner_, cell, o, CellPath(cell), [&] {
+    for (size_t i = 0; i < cells.size(); ++i) {
+      const Cell& cell = cells[i];
+      auto result = RunCell(model_, runner_, cell, o, logs[i], [&] {
         ++progress_.done;
         if (progress) progress(progress_);
       });
@@ -193,9 +196,6 @@ class SchemeRun {
   Json TakeCells() { return std::move(cells_); }
 
  private:
-  std::string CellPath(const Cell& cell) const {
-    return (fs::path(scheme_dir_) / CellFile(cell)).string();
-  }
   SchemeRun(LoadedModel& model, const std::string& name, std::unique_ptr<KvCache> cache,
             std::string scheme_dir)
       : model_(model),

@@ -23,7 +23,7 @@ inline std::string TestPath(const std::string& test, const std::string& name) {
 
 // Removes every scratch file TestPath made for `test` in this process.
 inline void RemoveTestFiles(const std::string& test) {
-  const std::string prefix = test + "_" + std::to_string(::getpid()) + "_";
+  const std::string prefix = std::filesystem::path(TestPath(test, "")).filename().string();
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(KVQ_BINARY_DIR, ec)) {
     if (entry.path().filename().string().rfind(prefix, 0) == 0) {

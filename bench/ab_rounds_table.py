@@ -7,8 +7,8 @@ line before the JSON is skipped; a row's times in ms, or in µs when all of
 them are under a millisecond) and/or <label>-R.bench.md (`kvq bench` table
 rows). Every benchmark gets a row: each round's figure for both builds and
 AFTER's speed over BEFORE's per round (time ratio for ops_bench and seconds,
-t/s ratio for kvq bench), with the median. Rounds ran one after the other on a shared machine, so only
-same-round ratios are compared.
+t/s ratio for kvq bench), with the median. Rounds ran one after the other on
+a shared machine, so only same-round ratios are compared.
 
 A second kind, vs-llamacpp, lists the llama.cpp ratio rows of every
 DIR/*vs-llamacpp*.log (bench/vs_llamacpp.sh's output).

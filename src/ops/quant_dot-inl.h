@@ -201,8 +201,8 @@ struct IntIQ4_NL : BlockScales<BlockIQ4_NL, false> {
 // Weights<g>(row, b) is group g's 32 unsigned integers; a type with an
 // offset (kOffset: Q3_K 4, Q6_K 32) means q - kOffset, subtracted from the
 // pair sums as vpmaddubsw(kOffset, x) (KTile, once per token and group),
-// which keeps every weight operand unsigned without the sign trick. g is a constant (0..7), so
-// the shifts and shuffles are immediates.
+// which keeps every weight operand unsigned without the sign trick. g is a
+// constant (0..7), so the shifts and shuffles are immediates.
 struct KPrep {
   uint16_t d, dmin;   // f16 bits (dmin 0 where the type has none)
   __m256i scales[2];  // i16 scales, in the layout the type's ScaleWords reads

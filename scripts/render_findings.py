@@ -14,9 +14,11 @@ M/context_kl.json, M/needle.json, M/gsm8k.json: stages run on their own),
 cache beats on KL), `context_kl_sizes` (KL by
 context length, every model that has run the stage, smallest first), `progress` (what the
 resumable runs have recorded under M/results/ so far, per scheme) and `needle_recorded M`
-(every needle trial recorded for M so far, per scheme, task and context). `--write` fills the blocks
+(every needle trial recorded for M so far, per scheme, task and context, with what the
+wrong answers start with; scripts/findings_needle.py). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
-gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) that no
+gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) or a count
+("49 of 50", "25/25": a K/N of a table) that no
 generated block of its own subsection, of its section's opening, of a
 subsection about a model it names ("on SmolLM2"), or of a section it names
 ("section 3", "§4"), contains, so a figure cannot go stale silently.
@@ -30,34 +32,25 @@ import re
 import statistics
 import sys
 
+from findings_common import fmt, pct, read_lines, result_file_stem, scheme_of, \
+    scheme_spellings, simd_targets, table, wilson95
+from findings_needle import MISS_KINDS, cell_rate, f16_passing, miss_kind, needle_cells, \
+    needle_coverage, needle_tally, render_needle, render_needle_depth, render_needle_recorded
+
 BLOCK = re.compile(r"(<!-- generated: ([a-z0-9_-]+)(?: ([^ ]+))? -->\n)(.*?)(<!-- end generated -->)",
                    re.S)
 # A figure: 3.14, 2.5x, 96.3%; not a name such as 1.5B or Qwen2.5, nor a
 # needle depth ("depth 1.0"), which is a coordinate of the grid, not a result.
 DECIMAL = re.compile(r"(?<![\w.])(?<!depth )\d+\.\d+(?![\dA-Za-wyz])")
+# A count: "49 of 50", "1 of its first 11", "25/25" in prose, "49/50" in a block.
+COUNT = re.compile(r"(?<![\w./])(\d+)(?:/| of (?:(?:its|the|their|first|all) )*)(\d+)(?![\w/]|\.\d)")
+BLOCK_COUNT = re.compile(r"(?<![\w./])(\d+)/(\d+)(?![\w/]|\.\d)")
 
 
-def fmt(x, digits=3):
-    """Three significant digits, plain notation down to 1e-3, else scientific."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if x == 0:
-        return "0"
-    if math.isinf(x):  # a head whose median channel is 0: the ratio has no bound
-        return "inf" if x > 0 else "-inf"
-    if abs(x) < 1e-3:
-        return f"{x:.2e}"
-    return f"{x:.{max(0, digits - 1 - int(math.floor(math.log10(abs(x)))))}f}"
-
-
-def pct(x):
-    return f"{100 * x:.1f}%"
-
-
-def table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+def figures(text, counts):
+    """The decimals and counts ("K/N") a text quotes; `counts` reads counts as
+    prose writes them, or else as tables do."""
+    return set(DECIMAL.findall(text)) | {f"{k}/{n}" for k, n in counts.findall(text)}
 
 
 def head_ratio(channel_means):
@@ -202,106 +195,6 @@ def render_context_kl_sizes(studies):
     return table(["scheme", "model"] + [f"KL @ {n}" for n in lengths], rows)
 
 
-def cell_rate(cells):
-    correct, trials = sum(c["correct"] for c in cells), sum(c["trials"] for c in cells)
-    return f"{pct(correct / trials)} ({correct}/{trials})" if trials else "not run"
-
-
-def f16_passing(n):
-    """The (task, context) pairs where f16 passes: the only ones other schemes run."""
-    return [(t["task"], c) for t in n["per_task"] for c in t["f16_passing_contexts"]]
-
-
-def render_needle(study):
-    if "needle" not in study:
-        raise KeyError("no needle section (kvq study --niah; needle.json)")
-    n = study["needle"]
-    f16 = next(s for s in n["schemes"] if s["name"] == "f16")
-    rows = [[t] + [cell_rate([c for c in f16["cells"] if c["task"] == t and c["context"] == ctx])
-                   for ctx in n["contexts"]] for t in n["tasks"]]
-    targets = sum((Counter(c.get("simd_targets", {})) for s in n["schemes"] for c in s["cells"]),
-                  Counter())
-    text = (f"Trials per SIMD target: {simd_targets(targets)}.\n\n"
-            f"f16, correct answers over {len(n['depths'])} depths x {n['trials']} trials per "
-            f"context (a pass needs {pct(n['f16_pass_rate'])}):\n\n" +
-            table(["task"] + [str(c) for c in n["contexts"]], rows) +
-            f"\n{n['statement']}.\n")
-    pairs = f16_passing(n)
-    if pairs:
-        rows = []
-        for s in n["schemes"]:
-            cells = [c for c in s["cells"] if (c["task"], c["context"]) in pairs]
-            correct, trials = sum(c["correct"] for c in cells), sum(c["trials"] for c in cells)
-            low, high = wilson95(correct, trials)
-            rows.append([f"`{s['name']}`"] +
-                        [cell_rate([c for c in cells if (c["task"], c["context"]) == pair])
-                         for pair in pairs] +
-                        [f"{cell_rate(cells)}, {pct(low)} - {pct(high)}"])
-        text += ("\nEvery scheme where f16 passes (the last column pools those cells, with "
-                 "its 95% Wilson interval):\n\n" +
-                 table(["scheme"] + [f"{t} @ {c}" for t, c in pairs] + ["all, 95% interval"],
-                       rows))
-    return text
-
-
-def pooled_by_depth(n):
-    """{(scheme, context, depth): {"correct", "trials"}} over the (task,
-    context) pairs f16 passes: the issue's context-by-depth grid."""
-    passing = set(f16_passing(n))
-    pools = {}
-    for s in n["schemes"]:
-        for c in s["cells"]:
-            if (c["task"], c["context"]) in passing:
-                pool = pools.setdefault((s["name"], c["context"], c["depth"]),
-                                        {"correct": 0, "trials": 0})
-                pool["correct"] += c["correct"]
-                pool["trials"] += c["trials"]
-    return pools
-
-
-def render_needle_depth(study):
-    """The issue's grid, context x depth per scheme, the tasks pooled where f16 passes."""
-    if "needle" not in study:
-        raise KeyError("no needle section (kvq study --niah; needle.json)")
-    n = study["needle"]
-    passing, pools = f16_passing(n), pooled_by_depth(n)
-    contexts = [c for c in n["contexts"] if any(ctx == c for _, ctx in passing)]
-    if not contexts:
-        return "f16 passes no (task, context) pair, so no scheme ran.\n"
-    rows = []
-    for s in n["schemes"]:
-        for ctx in contexts:
-            by_depth = [pools.get((s["name"], ctx, d)) for d in n["depths"]]
-            rows.append([f"`{s['name']}`", str(ctx)] +
-                        [f"{p['correct']}/{p['trials']}" if p else "-" for p in by_depth] +
-                        [cell_rate([p for p in by_depth if p])])
-    tasks = {ctx: sum(1 for _, c in passing if c == ctx) for ctx in contexts}
-    pooled = ", ".join(f"{tasks[c]} at {c}" for c in contexts)
-    return (f"Correct answers by context and depth, the tasks f16 passes pooled ({pooled}; "
-            f"{n['trials']} trials a task at each depth):\n\n" +
-            table(["scheme", "context"] + [f"depth {d:g}" for d in n["depths"]] + ["all"], rows))
-
-
-def span(values):
-    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
-
-
-def needle_coverage(n):
-    """What the needle grid holds: tasks f16 can do, contexts, trials a cell."""
-    f16 = next(s for s in n["schemes"] if s["name"] == "f16")
-    trials = sorted({c["trials"] for s in n["schemes"] for c in s["cells"]})
-    can = [t["task"] for t in n["per_task"] if t["model_can_do"]]
-    pooled = sorted({p["trials"] for p in pooled_by_depth(n).values()})
-    contexts = sorted({c["context"] for c in f16["cells"]})
-    return (f"{len(n['tasks'])} tasks at {', '.join(str(c) for c in contexts)}; "
-            f"{span(trials)} trials a (task, depth) cell"
-            + (f", {span(pooled)} a (context, depth) cell pooling "
-               f"the tasks f16 passes; " if pooled else "; ") +
-            f"{'f16 alone' if len(n['schemes']) == 1 else str(len(n['schemes'])) + ' schemes'}; "
-            f"f16 passes "
-            f"{', '.join(can) if can else 'none'}")
-
-
 def render_frontier(studies):
     """Per model, the schemes no smaller cache beats on KL (section 3's runs),
     largest first, with their needle recall pooled where f16 passes."""
@@ -354,28 +247,33 @@ def render_coverage(studies, study_dir):
     return table(["measurement"] + list(studies), [[k] + v for k, v in rows.items()])
 
 
-def wilson95(correct, trials):
-    """The 95% Wilson score interval of a rate (the one kvq's GSM8K stage reports)."""
-    if trials == 0:
-        return 0.0, 1.0
-    z, p = 1.959963984540054, correct / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials**2))
-    return max(0.0, centre - half), min(1.0, centre + half)
+def no_number_answers(results, scheme, problems):
+    """How many of the first `problems` problems a scheme answered with no number
+    (kvq's recorded "predicted" is empty), from its results file, or "not recorded"."""
+    path = pathlib.Path(results or "") / f"{result_file_stem(scheme)}.jsonl"
+    if results is None or not path.exists():
+        return "not recorded"
+    first = {}
+    for r in read_lines(path):
+        first.setdefault(r["index"], r)
+    return sum(1 for i, r in first.items() if i < problems and not r.get("predicted"))
 
 
-def render_gsm8k(study):
+def render_gsm8k(study, results=None):
+    """The GSM8K table; `results` is the model's results/gsm8k/ folder, for the
+    answers with no number in them."""
     if "gsm8k" not in study:
         raise KeyError("no gsm8k section (kvq study --gsm8k-problems; gsm8k.json)")
     g = study["gsm8k"]
     rows = [[f"`{s['name']}`", f"{s['correct']}/{s['problems']}", pct(s["accuracy"]),
              f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
              fmt(s["mean_generated_tokens"]), s["hit_token_limit"],
+             f"{no_number_answers(results, s['name'], s['problems'])}/{s['problems']}",
              simd_targets(s.get("simd_targets", {}))] for s in g["schemes"]]
     text = (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
             f"{'chat template' if g['chat'] else 'plain prompt'}:\n\n" +
             table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
-                   "hit the limit", "answers per SIMD target"], rows))
+                   "hit the limit", "answers with no number", "answers per SIMD target"], rows))
     pairs = g.get("paired", [])  # studies before session 20 lack it
     if pairs:
         rows = [[f"`{p['a']}`", f"`{p['b']}`", p["only_a_correct"], p["only_b_correct"],
@@ -392,114 +290,6 @@ def render_gsm8k(study):
 def pvalue(p):
     """0.0071 -> "0.007"; below 0.001 in scientific notation (1.2e-38)."""
     return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
-
-
-def simd_targets(counts):
-    """{"AVX2": 40, "AVX3_ZEN4": 10} -> "AVX2 40, AVX3_ZEN4 10" ("" = not recorded)."""
-    return ", ".join(f"{t or 'not recorded'} {n}" for t, n in sorted(counts.items()))
-
-
-def result_file_stem(name):
-    """kvq's ResultFileStem (src/study/study_resume.cc): the scheme's name with
-    characters other than [A-Za-z0-9._-] as "_", cut to 64, then "-" and the
-    FNV-1a hash of the whole name, so "int4+rot" -> "int4_rot-2093aa04"."""
-    stem, h = "", 2166136261
-    for byte in name.encode():
-        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
-        c = chr(byte)
-        stem += c if c.isascii() and (c.isalnum() or c in "._-") else "_"
-    return f"{stem[:64]}-{h:08x}"
-
-
-def json_strings(value):
-    """Every string (keys included) in a parsed JSON value."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield k
-            yield from json_strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from json_strings(v)
-
-
-def scheme_spellings(study):
-    """{results file stem: the scheme's name as written} for every string in a
-    model's loaded study (load_studies: study.json with its stages' JSONs); a
-    stem's hash is of the exact name, so a match is that name."""
-    return {result_file_stem(n): n for n in set(json_strings(study))}
-
-
-def scheme_of(stem, spellings):
-    """A results file's scheme: its name as the model's JSONs write it, or, for a
-    scheme no JSON names yet, the stem without ResultFileStem's 8-digit hash."""
-    return spellings.get(stem) or re.sub(r"-[0-9a-f]{8}$", "", stem)
-
-
-def read_lines(path):
-    """The complete JSON lines of a results file (a cut-short last line is not one)."""
-    text = path.read_text()
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
-
-
-def needle_cell(path):
-    """A needle cell file's (task, context): TASK_cCONTEXT_dDEPTH.jsonl."""
-    task, context = re.fullmatch(r"(.+)_c([0-9]+)_d[0-9.]+", path.stem).groups()
-    return task, int(context)
-
-
-def needle_cells(scheme_dir):
-    """{cell file: its complete records} in one scheme's needle folder."""
-    return {f: read_lines(f) for f in sorted(scheme_dir.glob("*.jsonl"))}
-
-
-def needle_tally(cells):
-    """Correct answers by context over a scheme's recorded needle trials, e.g.
-    "correct at 1024 100/100, 2048 37/50"; `cells` maps each cell file
-    (TASK_cCONTEXT_dDEPTH.jsonl) to its records."""
-    by_context = {}
-    for f, records in cells.items():
-        tally = by_context.setdefault(needle_cell(f)[1], [0, 0])
-        tally[0] += sum(1 for r in records if r.get("correct"))
-        tally[1] += len(records)
-    return "correct at " + ", ".join(f"{c} {k}/{n}" for c, (k, n) in sorted(by_context.items()))
-
-
-def render_needle_recorded(study_dir, model, studies):
-    """Every needle trial recorded under M/results/needle/ so far, per scheme and
-    (task, context), over the depths: the schemes and contexts needle.json
-    does not hold yet (it is written for the grid its command names) included;
-    schemes are named as the model's JSONs spell them."""
-    root = pathlib.Path(study_dir) / model / "results" / "needle"
-    spellings = scheme_spellings(studies.get(model, {}))
-    tallies, pairs = {}, set()
-    for d in sorted(p for p in root.glob("*") if p.is_dir()):
-        tally = tallies.setdefault(scheme_of(d.name, spellings), {})
-        for f, records in needle_cells(d).items():
-            cell = needle_cell(f)
-            first = {}  # a trial's first record counts, as kvq's needle stage counts it
-            for r in records:
-                first.setdefault(r.get("trial"), r)
-            k = tally.setdefault(cell, [0, 0])
-            k[0] += sum(1 for r in first.values() if r.get("correct"))
-            k[1] += len(first)
-            pairs.add(cell)
-    if not tallies:
-        raise KeyError(f"block 'needle_recorded {model}': no trials under {root}")
-    known = ["single_repeat", "single_needle", "multikey_repeat", "multivalue_repeat"]
-    tasks = sorted({t for t, _ in pairs}, key=lambda t: (known.index(t) if t in known else 9, t))
-    rows = []
-    for name in sorted(tallies, key=lambda s: (s != "f16", s)):
-        t = tallies[name]
-        for context in sorted({c for _, c in t}):
-            k = [t[(task, context)] for task in tasks if (task, context) in t]
-            correct, trials = sum(v[0] for v in k), sum(v[1] for v in k)
-            rows.append([f"`{name}`", context] +
-                        [f"{t[(task, context)][0]}/{t[(task, context)][1]}"
-                         if (task, context) in t else "-" for task in tasks] +
-                        [f"{correct}/{trials} ({pct(correct / trials)})" if trials else "-"])
-    return table(["scheme", "context"] + tasks + ["all tasks"], rows)
 
 
 def render_context_kl_recorded(study_dir, model, studies):
@@ -588,7 +378,8 @@ def render(doc, studies, study_dir):
         elif kind in RENDERERS:
             if model not in studies:
                 raise KeyError(f"block '{kind} {model}': no {model}/study.json or section JSON")
-            body = RENDERERS[kind](studies[model])
+            body = (render_gsm8k(studies[model], pathlib.Path(study_dir) / model / "results" / kind)
+                    if kind == "gsm8k" else RENDERERS[kind](studies[model]))
         else:
             raise KeyError(f"unknown block kind '{kind}'")
         return m.group(1) + body + m.group(5)
@@ -627,11 +418,11 @@ def subsections(section):
 
 
 def block_figures(text):
-    return set(DECIMAL.findall("".join(m.group(4) for m in BLOCK.finditer(text))))
+    return figures("".join(m.group(4) for m in BLOCK.finditer(text)), BLOCK_COUNT)
 
 
 def prose_numbers_missing(doc):
-    """Decimal figures in the prose that no generated block it may quote holds.
+    """Decimal figures and counts in the prose that no generated block it may quote holds.
 
     A paragraph (or list item) may quote the blocks of its own subsection, of
     its section's opening, of the section's subsections about a model it
@@ -656,7 +447,7 @@ def prose_numbers_missing(doc):
                 if aliases:
                     where += ", " + sub.split("\n", 1)[0][4:]
                 missing |= {f"{n} ({where})"
-                            for n in DECIMAL.findall(re.sub(r"`[^`]*`", "", paragraph))
+                            for n in figures(re.sub(r"`[^`]*`", "", paragraph), COUNT)
                             if n not in have}
     return sorted(missing)
 
@@ -714,12 +505,35 @@ def self_test(study_dir):
             print("self-test: the recorded context-KL block kept the wrong points:\n" + kl_rows)
             return 1
         recorded = render_needle_recorded(tmp, "m", {})
-        for want in ("| `int2` | 1024 | - | 1/1 | - | 1/1 (100.0%) |",
-                     "| `kivi4` | 1024 | 1/2 | - | - | 1/2 (50.0%) |",
-                     "| `kivi4` | 2048 | - | - | 1/1 | 1/1 (100.0%) |"):
+        for want in ("| `int2` | 1024 | - | 1/1 | - | 1/1 (100.0%) | 0 | 0 | 0 |",
+                     "| `kivi4` | 1024 | 1/2 | - | - | 1/2 (50.0%) | 0 | 0 | 1 |",
+                     "| `kivi4` | 2048 | - | - | 1/1 | 1/1 (100.0%) | 0 | 0 | 0 |",
+                     "| `kivi4` | all | 1/2 | - | 1/1 | 2/3 (66.7%) | 0 | 0 | 1 |"):
             if want not in recorded:
                 print("self-test: the recorded-needle block miscounted:\n" + recorded)
                 return 1
+    # What a wrong needle answer starts with; digits inside words are text.
+    for answer, kind in ((" 8750111.", 0), (" 266940.", 1), (" for-329.", 2), ("", 2)):
+        if miss_kind({"answer": answer, "values": ["8750011"]}) != MISS_KINDS[kind]:
+            print(f"self-test: the miss {answer!r} is not '{MISS_KINDS[kind]}'")
+            return 1
+    with tempfile.TemporaryDirectory() as tmp:  # GSM8K: the first record of each of the first N
+        (pathlib.Path(tmp) / f"{result_file_stem('int2')}.jsonl").write_text(
+            '{"index": 0, "predicted": ""}\n{"index": 1, "predicted": "5"}\n'
+            '{"index": 0, "predicted": "7"}\n{"index": 5, "predicted": ""}\n')
+        if no_number_answers(tmp, "int2", 2) != 1 or no_number_answers(tmp, "f16", 2) != \
+                "not recorded":
+            print("self-test: the GSM8K answers with no number were miscounted")
+            return 1
+    # A count in the prose ("49 of 50", "25/25") must be a K/N of a block it may quote.
+    counted = "## 1. A\n\n<!-- generated: progress -->\n| a | 49/50 | 3 |\n<!-- end generated -->\n"
+    for prose, want in (("It answers 49 of 50.", []), ("It answers 49/50.", []),
+                        ("It answers 48 of its 50.", ["48/50 (section 1)"]),
+                        ("It answers 1 of its first 11.", ["1/11 (section 1)"]),
+                        ("It answers 9/50.", ["9/50 (section 1)"])):
+        if prose_numbers_missing(counted + "\n" + prose + "\n") != want:
+            print(f"self-test: the prose count in {prose!r} was judged wrongly")
+            return 1
     # Folder names kvq wrote (tests/study/study_tasks_test.cc pins the same three).
     for name, stem in (("int4+rot", "int4_rot-2093aa04"), ("f16/int4", "f16_int4-1f9d758c"),
                        ("policy:docs/study/policies/int4_layer0.txt",

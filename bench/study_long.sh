@@ -25,7 +25,7 @@
 #
 # MODEL_STEM is a file name under .deps/models/ without .gguf. Settings from
 # the environment: KVQ (default build/bin/kvq), THREADS (default 2),
-# NIAH_TASKS, NIAH_CONTEXTS, NIAH_EXTEND (longer contexts run only for the tasks
+# GSM8K_SCHEMES, NIAH_TASKS, NIAH_CONTEXTS, NIAH_EXTEND (longer contexts run only for the tasks
 # f16 passes at every shorter one; empty for none), NIAH_ROUNDS, NIAH_SCHEMES
 # (only these besides f16: two THREADS=1 processes on disjoint schemes keep
 # two cores busier than one two-thread process, whose decode steps are too
@@ -40,8 +40,10 @@ stage=${1:?stage: gsm8k, niah or context-kl}
 
 # The GSM8K set: the f16 baseline, KIVI-2 with and without its
 # 128-token f16 window (the write-up says 2-bit without it "craters"), and
-# plain per-token int2.
-gsm8k_schemes=f16,kivi2,int2-c32-asym/int2-g32-asym,int2
+# plain per-token int2; then the frontier of section 3 (int8, KIVI-4,
+# KVQuant-3) and per-token int4, kvq's default set and more. GSM8K_SCHEMES
+# runs a prefix of it (each run adds the schemes not recorded yet).
+gsm8k_schemes=${GSM8K_SCHEMES:-f16,kivi2,int2-c32-asym/int2-g32-asym,int2,int8,kivi4,kvquant3,int4}
 
 # The core study's schemes on the real models: every family at 8, 4 and 2
 # bits, rotation on and off, sinks, the Qwen2 boundary-layer policies, and

@@ -15,7 +15,9 @@ cache beats on KL), `context_kl_sizes` (KL by
 context length, every model that has run the stage, smallest first), `progress` (what the
 resumable runs have recorded under M/results/ so far, per scheme) and `needle_recorded M`
 (every needle trial recorded for M so far, per scheme, task and context, with what the
-wrong answers start with; scripts/findings_needle.py). `--write` fills the blocks
+wrong answers start with; scripts/findings_needle.py), `gsm8k_control M` (f16's GSM8K answers
+rerun on another SIMD target into M/control-*/, against the recorded f16 and paired with the
+schemes that ran on that target; scripts/findings_gsm8k.py). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) or a count
 ("49 of 50", "25/25": a K/N of a table) that no
@@ -34,6 +36,8 @@ import sys
 
 from findings_common import fmt, pct, read_lines, result_file_stem, scheme_of, \
     scheme_spellings, simd_targets, table, wilson95
+from findings_gsm8k import mcnemar_exact_p, no_number_answers, render_gsm8k, \
+    render_gsm8k_control
 from findings_needle import MISS_KINDS, cell_rate, f16_passing, miss_kind, needle_cells, \
     needle_coverage, needle_tally, render_needle, render_needle_depth, render_needle_recorded
 
@@ -247,51 +251,6 @@ def render_coverage(studies, study_dir):
     return table(["measurement"] + list(studies), [[k] + v for k, v in rows.items()])
 
 
-def no_number_answers(results, scheme, problems):
-    """How many of the first `problems` problems a scheme answered with no number
-    (kvq's recorded "predicted" is empty), from its results file, or "not recorded"."""
-    path = pathlib.Path(results or "") / f"{result_file_stem(scheme)}.jsonl"
-    if results is None or not path.exists():
-        return "not recorded"
-    first = {}
-    for r in read_lines(path):
-        first.setdefault(r["index"], r)
-    return sum(1 for i, r in first.items() if i < problems and not r.get("predicted"))
-
-
-def render_gsm8k(study, results=None):
-    """The GSM8K table; `results` is the model's results/gsm8k/ folder, for the
-    answers with no number in them."""
-    if "gsm8k" not in study:
-        raise KeyError("no gsm8k section (kvq study --gsm8k-problems; gsm8k.json)")
-    g = study["gsm8k"]
-    rows = [[f"`{s['name']}`", f"{s['correct']}/{s['problems']}", pct(s["accuracy"]),
-             f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
-             fmt(s["mean_generated_tokens"]), s["hit_token_limit"],
-             f"{no_number_answers(results, s['name'], s['problems'])}/{s['problems']}",
-             simd_targets(s.get("simd_targets", {}))] for s in g["schemes"]]
-    text = (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
-            f"{'chat template' if g['chat'] else 'plain prompt'}:\n\n" +
-            table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
-                   "hit the limit", "answers with no number", "answers per SIMD target"], rows))
-    pairs = g.get("paired", [])  # studies before session 20 lack it
-    if pairs:
-        rows = [[f"`{p['a']}`", f"`{p['b']}`", p["only_a_correct"], p["only_b_correct"],
-                 p["both_correct"], p["neither_correct"], pvalue(p["mcnemar_exact_p"])]
-                for p in pairs]
-        text += ("\nPaired on the same problems (exact McNemar test: the chance of a split "
-                 "of the problems only one scheme got right at least this uneven, if neither "
-                 "scheme were better):\n\n" +
-                 table(["scheme A", "scheme B", "only A right", "only B right", "both right",
-                        "neither", "p"], rows))
-    return text
-
-
-def pvalue(p):
-    """0.0071 -> "0.007"; below 0.001 in scientific notation (1.2e-38)."""
-    return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
-
-
 def render_context_kl_recorded(study_dir, model, studies):
     """Context-KL points recorded under M/results/context_kl/ at lengths
     context_kl.json does not hold yet (it is rewritten once every scheme has
@@ -369,6 +328,8 @@ def render(doc, studies, study_dir):
             body = render_progress(study_dir, studies)
         elif kind == "needle_recorded":
             body = render_needle_recorded(study_dir, model, studies)
+        elif kind == "gsm8k_control":
+            body = render_gsm8k_control(study_dir, model, studies)
         elif kind == "context_kl_recorded":
             body = render_context_kl_recorded(study_dir, model, studies)
         elif kind == "coverage":
@@ -573,6 +534,32 @@ def self_test(study_dir):
             low, high = wilson95(scheme["correct"], scheme["problems"])
             if abs(low - scheme["wilson95_low"]) > 1e-9 or abs(high - scheme["wilson95_high"]) > 1e-9:
                 print(f"self-test: wilson95 differs from {gsm8k} for {scheme['name']}")
+                return 1
+    with tempfile.TemporaryDirectory() as tmp:  # the SIMD-target control, partly run
+        def answers(folder, name, target, records):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{result_file_stem(name)}.jsonl").write_text("".join(
+                json.dumps({"index": i, "correct": c, "answer": a, "predicted": a,
+                            "simd_target": target}) + "\n" for i, c, a in records))
+        results = pathlib.Path(tmp) / "m" / "results" / "gsm8k"
+        answers(results, "f16", "AVX2", [(0, True, "a"), (1, False, "b"), (2, True, "c")])
+        answers(results, "int8", "AVX3", [(0, False, "x"), (1, True, "y"), (2, True, "c")])
+        answers(results.parent.parent / "control-x" / "gsm8k", "f16", "AVX3",
+                [(0, True, "a"), (1, True, "y")])
+        control = render_gsm8k_control(tmp, "m", {"m": {"gsm8k": {"problems": 3, "schemes": [
+            {"name": "f16"}, {"name": "int8"}]}}})
+        for want in ("f16 again on 2 of the 3 problems; the same text as the recorded f16 on 1/2",
+                     "| `f16` on AVX2 | `f16` on AVX3 | 1/2 | 2/2 | 0 | 1 | 1 | 0 | 1.000 |",
+                     "| `f16` on AVX3 | `int8` | 2/2 | 1/2 | 1 | 0 | 1 | 0 | 1.000 |"):
+            if want not in control:
+                print("self-test: the GSM8K control block miscounted:\n" + control)
+                return 1
+    # The control's McNemar p must be the one kvq's GSM8K stage computes in C++.
+    for gsm8k in pathlib.Path(study_dir).glob("*/gsm8k.json"):
+        for pair in json.loads(gsm8k.read_text())["gsm8k"].get("paired", []):
+            p = mcnemar_exact_p(pair["only_a_correct"], pair["only_b_correct"])
+            if abs(p - pair["mcnemar_exact_p"]) > 1e-9 * max(p, 1e-300):
+                print(f"self-test: McNemar p differs from {gsm8k} for {pair['a']} / {pair['b']}")
                 return 1
     if wilson95(0, 25)[0] > 1e-12 or wilson95(25, 25)[1] < 1 - 1e-12:
         print("self-test: wilson95 does not reach 0 and 1 at the ends")

@@ -1,0 +1,122 @@
+"""The GSM8K blocks of docs/findings.md (scripts/render_findings.py): the
+table gsm8k.json holds, and the SIMD-target control, f16 run again on
+another machine's target against the recorded f16 and the schemes that
+ran on that target."""
+import math
+import pathlib
+
+from findings_common import fmt, pct, read_lines, result_file_stem, simd_targets, table
+
+
+def no_number_answers(results, scheme, problems):
+    """How many of the first `problems` problems a scheme answered with no number
+    (kvq's recorded "predicted" is empty), from its results file, or "not recorded"."""
+    path = pathlib.Path(results or "") / f"{result_file_stem(scheme)}.jsonl"
+    if results is None or not path.exists():
+        return "not recorded"
+    first = {}
+    for r in read_lines(path):
+        first.setdefault(r["index"], r)
+    return sum(1 for i, r in first.items() if i < problems and not r.get("predicted"))
+
+
+def render_gsm8k(study, results=None):
+    """The GSM8K table; `results` is the model's results/gsm8k/ folder, for the
+    answers with no number in them."""
+    if "gsm8k" not in study:
+        raise KeyError("no gsm8k section (kvq study --gsm8k-problems; gsm8k.json)")
+    g = study["gsm8k"]
+    rows = [[f"`{s['name']}`", f"{s['correct']}/{s['problems']}", pct(s["accuracy"]),
+             f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
+             fmt(s["mean_generated_tokens"]), s["hit_token_limit"],
+             f"{no_number_answers(results, s['name'], s['problems'])}/{s['problems']}",
+             simd_targets(s.get("simd_targets", {}))] for s in g["schemes"]]
+    text = (f"{g['selection']}, greedy, at most {g['max_new_tokens']} new tokens, "
+            f"{'chat template' if g['chat'] else 'plain prompt'}:\n\n" +
+            table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
+                   "hit the limit", "answers with no number", "answers per SIMD target"], rows))
+    pairs = g.get("paired", [])  # studies before session 20 lack it
+    if pairs:
+        rows = [[f"`{p['a']}`", f"`{p['b']}`", p["only_a_correct"], p["only_b_correct"],
+                 p["both_correct"], p["neither_correct"], pvalue(p["mcnemar_exact_p"])]
+                for p in pairs]
+        text += ("\nPaired on the same problems (exact McNemar test: the chance of a split "
+                 "of the problems only one scheme got right at least this uneven, if neither "
+                 "scheme were better):\n\n" +
+                 table(["scheme A", "scheme B", "only A right", "only B right", "both right",
+                        "neither", "p"], rows))
+    return text
+
+
+def pvalue(p):
+    """0.0071 -> "0.007"; below 0.001 in scientific notation (1.2e-38)."""
+    return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def mcnemar_exact_p(only_a, only_b):
+    """Two-sided exact McNemar p, as kvq's GSM8K stage computes it
+    (src/study/study_gsm8k.cc): twice the smaller binomial(n, 1/2) tail."""
+    n, k = only_a + only_b, min(only_a, only_b)
+    if n <= 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
+def first_answers(path):
+    """{problem index: its first record} in a GSM8K results file."""
+    first = {}
+    for r in read_lines(path):
+        first.setdefault(r["index"], r)
+    return first
+
+
+def paired_row(a, b, problems):
+    """[only a right, only b right, both, neither, p] over the problems both answered."""
+    both = [i for i in problems if i in a and i in b]
+    only_a = sum(1 for i in both if a[i]["correct"] and not b[i]["correct"])
+    only_b = sum(1 for i in both if b[i]["correct"] and not a[i]["correct"])
+    right = sum(1 for i in both if a[i]["correct"] and b[i]["correct"])
+    return [only_a, only_b, right, len(both) - only_a - only_b - right,
+            pvalue(mcnemar_exact_p(only_a, only_b))]
+
+
+def render_gsm8k_control(study_dir, model, studies):
+    """f16 rerun into M/control-*/gsm8k/ on another SIMD target: how far greedy
+    GSM8K answers move with the target alone, and each scheme recorded on the
+    control's target paired with the control instead of the recorded f16."""
+    if "gsm8k" not in studies.get(model, {}):
+        raise KeyError(f"block 'gsm8k_control {model}': no gsm8k.json")
+    g = studies[model]["gsm8k"]
+    problems = range(g["problems"])
+    results = pathlib.Path(study_dir) / model / "results" / "gsm8k"
+    recorded = first_answers(results / f"{result_file_stem('f16')}.jsonl")
+    controls = sorted(pathlib.Path(study_dir, model).glob(f"control-*/gsm8k/{result_file_stem('f16')}.jsonl"))
+    if not controls:
+        raise KeyError(f"block 'gsm8k_control {model}': no control-*/gsm8k/ f16 results")
+    text = ""
+    for path in controls:
+        control = first_answers(path)
+        done = [i for i in problems if i in control]
+        targets = {r.get("simd_target", "") for r in control.values()}
+        base = {r.get("simd_target", "") for r in recorded.values()}
+        same_text = sum(1 for i in done if control[i]["answer"] == recorded[i]["answer"])
+        same_number = sum(1 for i in done if control[i]["predicted"] == recorded[i]["predicted"])
+        on = f"`f16` on {'/'.join(sorted(targets)) or 'not recorded'}"
+        rows = [[f"`f16` on {'/'.join(sorted(base)) or 'not recorded'}", on,
+                 f"{sum(recorded[i]['correct'] for i in done)}/{len(done)}",
+                 f"{sum(control[i]['correct'] for i in done)}/{len(done)}"] +
+                paired_row(recorded, control, done)]
+        for s in g["schemes"]:
+            mine = first_answers(results / f"{result_file_stem(s['name'])}.jsonl")
+            if s["name"] == "f16" or {r.get("simd_target", "") for r in mine.values()} != targets:
+                continue
+            rows.append([on, f"`{s['name']}`", f"{sum(control[i]['correct'] for i in done)}/{len(done)}",
+                         f"{sum(mine[i]['correct'] for i in done if i in mine)}/"
+                         f"{sum(1 for i in done if i in mine)}"] + paired_row(control, mine, done))
+        text += (f"`{path.parent.parent.name}/`: f16 again on {len(done)} of the {g['problems']} "
+                 f"problems; the same text as the recorded f16 on {same_text}/{len(done)}, the "
+                 f"same final number on {same_number}/{len(done)}. Paired on the problems both "
+                 f"answered:\n\n" +
+                 table(["A", "B", "A correct", "B correct", "only A right", "only B right",
+                        "both right", "neither", "p"], rows))
+    return text

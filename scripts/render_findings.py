@@ -47,7 +47,8 @@ BLOCK = re.compile(r"(<!-- generated: ([a-z0-9_-]+)(?: ([^ ]+))? -->\n)(.*?)(<!-
 # needle depth ("depth 1.0"), which is a coordinate of the grid, not a result.
 DECIMAL = re.compile(r"(?<![\w.])(?<!depth )\d+\.\d+(?![\dA-Za-wyz])")
 # A count: "49 of 50", "1 of its first 11", "25/25" in prose, "49/50" in a block.
-COUNT = re.compile(r"(?<![\w./])(\d+)(?:/| of (?:(?:its|the|their|first|all) )*)(\d+)(?![\w/]|\.\d)")
+COUNT = re.compile(r"(?<![\w./])(\d+)(?:/|\s+of\s+(?:(?:its|the|their|first|all)\s+)*)(\d+)"
+                   r"(?![\w/]|\.\d)")
 BLOCK_COUNT = re.compile(r"(?<![\w./])(\d+)/(\d+)(?![\w/]|\.\d)")
 
 
@@ -491,6 +492,7 @@ def self_test(study_dir):
     for prose, want in (("It answers 49 of 50.", []), ("It answers 49/50.", []),
                         ("It answers 48 of its 50.", ["48/50 (section 1)"]),
                         ("It answers 1 of its first 11.", ["1/11 (section 1)"]),
+                        ("It answers 48 of\n  50.", ["48/50 (section 1)"]),
                         ("It answers 9/50.", ["9/50 (section 1)"])):
         if prose_numbers_missing(counted + "\n" + prose + "\n") != want:
             print(f"self-test: the prose count in {prose!r} was judged wrongly")

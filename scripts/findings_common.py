@@ -86,3 +86,12 @@ def read_lines(path):
     """The complete JSON lines of a results file (a cut-short last line is not one)."""
     text = path.read_text()
     return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def first_records(records, key):
+    """{record[key]: the first record with it}: a trial or problem recorded twice
+    (a resumed run) counts once, first, as kvq's stages count it."""
+    first = {}
+    for r in records:
+        first.setdefault(r.get(key), r)
+    return first

@@ -5,27 +5,28 @@ ran on that target."""
 import math
 import pathlib
 
-from findings_common import fmt, pct, read_lines, result_file_stem, simd_targets, table
+from findings_common import first_records, fmt, pct, read_lines, result_file_stem, \
+    simd_targets, table
 
 
 def no_number_answers(results, scheme, problems):
     """How many of the first `problems` problems a scheme answered with no number
     (kvq's recorded "predicted" is empty), from its results file, or "not recorded"."""
-    path = pathlib.Path(results or "") / f"{result_file_stem(scheme)}.jsonl"
-    if results is None or not path.exists():
+    path = pathlib.Path(results) / f"{result_file_stem(scheme)}.jsonl"
+    if not path.exists():
         return "not recorded"
-    first = {}
-    for r in read_lines(path):
-        first.setdefault(r["index"], r)
-    return sum(1 for i, r in first.items() if i < problems and not r.get("predicted"))
+    return sum(1 for i, r in first_answers(path).items() if i < problems and not r.get("predicted"))
 
 
-def render_gsm8k(study, results=None):
-    """The GSM8K table; `results` is the model's results/gsm8k/ folder, for the
-    answers with no number in them."""
-    if "gsm8k" not in study:
+def render_gsm8k(study_dir, model, studies):
+    """The GSM8K table of M/gsm8k.json, with the answers that hold no number
+    from M/results/gsm8k/."""
+    if model not in studies:
+        raise KeyError(f"block 'gsm8k {model}': no {model}/study.json or section JSON")
+    if "gsm8k" not in studies[model]:
         raise KeyError("no gsm8k section (kvq study --gsm8k-problems; gsm8k.json)")
-    g = study["gsm8k"]
+    g = studies[model]["gsm8k"]
+    results = pathlib.Path(study_dir) / model / "results" / "gsm8k"
     rows = [[f"`{s['name']}`", f"{s['correct']}/{s['problems']}", pct(s["accuracy"]),
              f"{pct(s['wilson95_low'])} - {pct(s['wilson95_high'])}",
              fmt(s["mean_generated_tokens"]), s["hit_token_limit"],
@@ -64,10 +65,7 @@ def mcnemar_exact_p(only_a, only_b):
 
 def first_answers(path):
     """{problem index: its first record} in a GSM8K results file."""
-    first = {}
-    for r in read_lines(path):
-        first.setdefault(r["index"], r)
-    return first
+    return first_records(read_lines(path), "index")
 
 
 def paired_row(a, b, problems):
@@ -90,29 +88,35 @@ def render_gsm8k_control(study_dir, model, studies):
     problems = range(g["problems"])
     results = pathlib.Path(study_dir) / model / "results" / "gsm8k"
     recorded = first_answers(results / f"{result_file_stem('f16')}.jsonl")
-    controls = sorted(pathlib.Path(study_dir, model).glob(f"control-*/gsm8k/{result_file_stem('f16')}.jsonl"))
+    controls = sorted(pathlib.Path(study_dir, model).glob(
+        f"control-*/gsm8k/{result_file_stem('f16')}.jsonl"))
     if not controls:
         raise KeyError(f"block 'gsm8k_control {model}': no control-*/gsm8k/ f16 results")
+    schemes = {s["name"]: first_answers(results / f"{result_file_stem(s['name'])}.jsonl")
+               for s in g["schemes"] if s["name"] != "f16"}
+
+    def targets(answers):
+        return {r.get("simd_target", "") for r in answers.values()}
+
+    def f16_on(answers):
+        return f"`f16` on {'/'.join(sorted(targets(answers))) or 'not recorded'}"
+
     text = ""
     for path in controls:
         control = first_answers(path)
         done = [i for i in problems if i in control]
-        targets = {r.get("simd_target", "") for r in control.values()}
-        base = {r.get("simd_target", "") for r in recorded.values()}
         same_text = sum(1 for i in done if control[i]["answer"] == recorded[i]["answer"])
         same_number = sum(1 for i in done if control[i]["predicted"] == recorded[i]["predicted"])
-        on = f"`f16` on {'/'.join(sorted(targets)) or 'not recorded'}"
-        rows = [[f"`f16` on {'/'.join(sorted(base)) or 'not recorded'}", on,
-                 f"{sum(recorded[i]['correct'] for i in done)}/{len(done)}",
-                 f"{sum(control[i]['correct'] for i in done)}/{len(done)}"] +
+        control_correct = f"{sum(control[i]['correct'] for i in done)}/{len(done)}"
+        rows = [[f16_on(recorded), f16_on(control),
+                 f"{sum(recorded[i]['correct'] for i in done)}/{len(done)}", control_correct] +
                 paired_row(recorded, control, done)]
-        for s in g["schemes"]:
-            mine = first_answers(results / f"{result_file_stem(s['name'])}.jsonl")
-            if s["name"] == "f16" or {r.get("simd_target", "") for r in mine.values()} != targets:
-                continue
-            rows.append([on, f"`{s['name']}`", f"{sum(control[i]['correct'] for i in done)}/{len(done)}",
-                         f"{sum(mine[i]['correct'] for i in done if i in mine)}/"
-                         f"{sum(1 for i in done if i in mine)}"] + paired_row(control, mine, done))
+        for name, mine in schemes.items():
+            if targets(mine) == targets(control):
+                rows.append([f16_on(control), f"`{name}`", control_correct,
+                             f"{sum(mine[i]['correct'] for i in done if i in mine)}/"
+                             f"{sum(1 for i in done if i in mine)}"] +
+                            paired_row(control, mine, done))
         text += (f"`{path.parent.parent.name}/`: f16 again on {len(done)} of the {g['problems']} "
                  f"problems; the same text as the recorded f16 on {same_text}/{len(done)}, the "
                  f"same final number on {same_number}/{len(done)}. Paired on the problems both "

@@ -4,8 +4,8 @@ from collections import Counter
 import pathlib
 import re
 
-from findings_common import pct, read_lines, scheme_of, scheme_spellings, simd_targets, table, \
-    wilson95
+from findings_common import first_records, pct, read_lines, scheme_of, scheme_spellings, \
+    simd_targets, table, wilson95
 
 
 def cell_rate(cells):
@@ -74,6 +74,7 @@ def render_needle_depth(study):
     contexts = [c for c in n["contexts"] if any(ctx == c for _, ctx in passing)]
     if not contexts:
         return "f16 passes no (task, context) pair, so no scheme ran.\n"
+
     def row(name, label, by_depth):
         return ([f"`{name}`", label] +
                 [f"{p['correct']}/{p['trials']}" if p else "-" for p in by_depth] +
@@ -82,7 +83,8 @@ def render_needle_depth(study):
     rows = []
     for s in n["schemes"]:
         for ctx in contexts:
-            rows.append(row(s["name"], str(ctx), [pools.get((s["name"], ctx, d)) for d in n["depths"]]))
+            rows.append(row(s["name"], str(ctx),
+                            [pools.get((s["name"], ctx, d)) for d in n["depths"]]))
         if len(contexts) > 1:  # each depth over the contexts
             over = [[pools[(s["name"], c, d)] for c in contexts if (s["name"], c, d) in pools]
                     for d in n["depths"]]
@@ -162,10 +164,7 @@ def recorded_trials(root, spellings):
     for d in sorted(p for p in root.glob("*") if p.is_dir()):
         by_cell = trials.setdefault(scheme_of(d.name, spellings), {})
         for f, records in needle_cells(d).items():
-            first = {}
-            for r in records:
-                first.setdefault(r.get("trial"), r)
-            by_cell.setdefault(needle_cell(f), []).extend(first.values())
+            by_cell.setdefault(needle_cell(f), []).extend(first_records(records, "trial").values())
     return trials
 
 

@@ -296,8 +296,7 @@ def render_progress(study_dir, studies):
 
 RENDERERS = {"run": render_run, "structure": render_structure, "claims": render_claims,
              "e2e": render_e2e, "context_kl": render_context_kl, "needle": render_needle,
-             "needle_depth": render_needle_depth,
-             "gsm8k": render_gsm8k}
+             "needle_depth": render_needle_depth}
 # Stages run on their own (kvq study --no-core ...) ship as SECTION.json beside
 # the model's study.json, or alone for a model without a core study.
 EXTRA_SECTIONS = ("context_kl", "needle", "gsm8k")
@@ -329,6 +328,8 @@ def render(doc, studies, study_dir):
             body = render_progress(study_dir, studies)
         elif kind == "needle_recorded":
             body = render_needle_recorded(study_dir, model, studies)
+        elif kind == "gsm8k":
+            body = render_gsm8k(study_dir, model, studies)
         elif kind == "gsm8k_control":
             body = render_gsm8k_control(study_dir, model, studies)
         elif kind == "context_kl_recorded":
@@ -340,8 +341,7 @@ def render(doc, studies, study_dir):
         elif kind in RENDERERS:
             if model not in studies:
                 raise KeyError(f"block '{kind} {model}': no {model}/study.json or section JSON")
-            body = (render_gsm8k(studies[model], pathlib.Path(study_dir) / model / "results" / kind)
-                    if kind == "gsm8k" else RENDERERS[kind](studies[model]))
+            body = RENDERERS[kind](studies[model])
         else:
             raise KeyError(f"unknown block kind '{kind}'")
         return m.group(1) + body + m.group(5)

@@ -29,7 +29,9 @@
 # f16 passes at every shorter one; empty for none), NIAH_ROUNDS, NIAH_SCHEMES
 # (only these besides f16: two THREADS=1 processes on disjoint schemes keep
 # two cores busier than one two-thread process, whose decode steps are too
-# small to split well), CONTEXT_KL_LENGTHS. A narrower grid or
+# small to split well), CONTEXT_KL_LENGTHS, SIMD_TARGET (kvq --simd-target:
+# a run resumed on a CPU with a better target keeps the target its records
+# were made on, e.g. AVX3 on an AVX3_DL machine). A narrower grid or
 # fewer lengths reuse what is recorded, and a later full run extends them.
 # Progress goes to standard error; run it under nohup with a log file.
 set -euo pipefail
@@ -62,7 +64,8 @@ study() {  # study MODEL_STEM JSON_PATH FLAGS... (a bare JSON name goes beside t
   [[ "$json" == */* ]] || json=$dir/$json
   mkdir -p "$dir/results" "$(dirname "$json")"
   echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf $*" >&2
-  "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --no-core \
+  "$kvq" ${SIMD_TARGET:+--simd-target "$SIMD_TARGET"} study -m ".deps/models/$stem.gguf" \
+    -t "$threads" --no-core \
     --results-dir "$dir/results" --json "$json" "$@"
 }
 
@@ -100,7 +103,8 @@ case $stage in
     dir=docs/study/$stem
     mkdir -p "$dir/results"
     echo "[$(date -u +%H:%M:%S)] kvq study -m .deps/models/$stem.gguf (core)" >&2
-    "$kvq" study -m ".deps/models/$stem.gguf" -t "$threads" --chunks 2 --recall-contexts 512 \
+    "$kvq" ${SIMD_TARGET:+--simd-target "$SIMD_TARGET"} study -m ".deps/models/$stem.gguf" \
+      -t "$threads" --chunks 2 --recall-contexts 512 \
       --calib-tokens 2048 --schemes "$core_schemes" --results-dir "$dir/results" \
       --json "$dir/study.json" 2>&1 | tee "$dir/log.txt.tmp" >&2
     mv "$dir/log.txt.tmp" "$dir/log.txt"

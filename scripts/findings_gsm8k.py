@@ -37,16 +37,25 @@ def render_gsm8k(study_dir, model, studies):
             table(["scheme", "correct", "accuracy", "95% Wilson interval", "mean tokens",
                    "hit the limit", "answers with no number", "answers per SIMD target"], rows))
     pairs = g.get("paired", [])  # studies before session 20 lack it
+    targets = {s["name"]: s.get("simd_targets", {}) for s in g["schemes"]}
     if pairs:
         rows = [[f"`{p['a']}`", f"`{p['b']}`", p["only_a_correct"], p["only_b_correct"],
-                 p["both_correct"], p["neither_correct"], pvalue(p["mcnemar_exact_p"])]
+                 p["both_correct"], p["neither_correct"], pvalue(p["mcnemar_exact_p"]),
+                 "yes" if one_same_target(targets[p["a"]], targets[p["b"]]) else "no"]
                 for p in pairs]
         text += ("\nPaired on the same problems (exact McNemar test: the chance of a split "
                  "of the problems only one scheme got right at least this uneven, if neither "
                  "scheme were better):\n\n" +
                  table(["scheme A", "scheme B", "only A right", "only B right", "both right",
-                        "neither", "p"], rows))
+                        "neither", "p", "same SIMD target"], rows))
     return text
+
+
+def one_same_target(a_targets, b_targets):
+    """Both schemes' answers all on one and the same SIMD target, the rule of
+    kvq's same_simd_target (src/study/study_gsm8k.cc), from the schemes'
+    simd_targets, so pairs recorded before kvq wrote the flag get it too."""
+    return len(a_targets) == 1 and a_targets == b_targets and "" not in a_targets
 
 
 def pvalue(p):

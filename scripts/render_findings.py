@@ -36,7 +36,7 @@ import sys
 
 from findings_common import fmt, pct, read_lines, result_file_stem, scheme_of, \
     scheme_spellings, simd_targets, table, wilson95
-from findings_gsm8k import mcnemar_exact_p, no_number_answers, render_gsm8k, \
+from findings_gsm8k import mcnemar_exact_p, no_number_answers, one_same_target, render_gsm8k, \
     render_gsm8k_control
 from findings_needle import MISS_KINDS, cell_rate, f16_passing, miss_kind, needle_cells, \
     needle_coverage, needle_tally, render_needle, render_needle_depth, render_needle_recorded
@@ -563,6 +563,19 @@ def self_test(study_dir):
             if abs(p - pair["mcnemar_exact_p"]) > 1e-9 * max(p, 1e-300):
                 print(f"self-test: McNemar p differs from {gsm8k} for {pair['a']} / {pair['b']}")
                 return 1
+    # The paired table's "same SIMD target" must be kvq's own flag where kvq wrote one.
+    for gsm8k in pathlib.Path(study_dir).glob("**/gsm8k.json"):
+        g = json.loads(gsm8k.read_text())["gsm8k"]
+        targets = {s["name"]: s.get("simd_targets", {}) for s in g["schemes"]}
+        for pair in g.get("paired", []):
+            if "same_simd_target" in pair and pair["same_simd_target"] != one_same_target(
+                    targets[pair["a"]], targets[pair["b"]]):
+                print(f"self-test: same SIMD target differs from {gsm8k} for {pair['a']} / {pair['b']}")
+                return 1
+    if one_same_target({"AVX2": 3}, {"AVX3": 3}) or not one_same_target({"AVX3": 2}, {"AVX3": 2}) \
+            or one_same_target({"AVX3": 1, "AVX2": 1}, {"AVX3": 1, "AVX2": 1}):
+        print("self-test: one_same_target misjudges a toy pair")
+        return 1
     if wilson95(0, 25)[0] > 1e-12 or wilson95(25, 25)[1] < 1 - 1e-12:
         print("self-test: wilson95 does not reach 0 and 1 at the ends")
         return 1

@@ -53,6 +53,13 @@ std::string CutAtNextQuestion(const std::string& text) {
 // Every pair of the section's schemes (their summaries, in order) on the
 // same problems: who got which right, and the exact McNemar p-value of the
 // split. correct[s][i]: scheme s's outcome on problem i.
+// Whether two schemes' answers were all made on one and the same SIMD
+// target: otherwise a pair's differences mix the scheme's effect with the
+// targets' rounding.
+bool OneSameSimdTarget(const Json& a_targets, const Json& b_targets) {
+  return a_targets.size() == 1 && a_targets == b_targets && !a_targets.contains("");
+}
+
 Json PairedComparisons(const Json& schemes, const std::vector<std::vector<bool>>& correct) {
   Json pairs = Json::array();
   for (size_t a = 0; a < schemes.size(); ++a) {
@@ -71,6 +78,8 @@ Json PairedComparisons(const Json& schemes, const std::vector<std::vector<bool>>
                        {"only_b_correct", only_b},
                        {"both_correct", both},
                        {"neither_correct", neither},
+                       {"same_simd_target",
+                        OneSameSimdTarget(schemes[a]["simd_targets"], schemes[b]["simd_targets"])},
                        {"mcnemar_exact_p", McNemarExactP(only_a, only_b)}});
     }
   }
@@ -340,7 +349,8 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
               {"rule",
                "greedy; the model's last number (commas dropped) equals the number after '####' "
                "in the reference; 95% Wilson interval; pairs: exact McNemar test on the same "
-               "problems"},
+               "problems, same_simd_target false where the two were answered on different SIMD "
+               "targets (their rounding differs too)"},
               {"results_dir", dir},
               {"schemes", std::move(list)},
               {"paired", std::move(paired)}};

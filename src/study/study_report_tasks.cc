@@ -273,7 +273,7 @@ StatusOr<std::string> Gsm8kPairedTable(const json& gsm8k) {
   if (pairs == nullptr || pairs->empty()) return std::string();
   std::string out = "<div class=\"scroll\"><table>\n" +
                     TableRow({"scheme A", "scheme B", "only A right", "only B right", "both right",
-                              "neither", "exact McNemar p"},
+                              "neither", "exact McNemar p", "same SIMD target"},
                              "th");
   for (size_t i = 0; i < pairs->size(); ++i) {
     const std::string path = Index("gsm8k.paired", i);
@@ -290,12 +290,17 @@ StatusOr<std::string> Gsm8kPairedTable(const json& gsm8k) {
     }
     KVQ_ASSIGN_OR_RETURN(std::optional<double> p, NumberMember(pair, "mcnemar_exact_p", path));
     cells.push_back(p ? FormatNumber("%.3g", *p) : "&ndash;");
+    // Absent in studies before session 42: unknown, not "no".
+    KVQ_ASSIGN_OR_RETURN(bool same, BoolMember(pair, "same_simd_target", path));
+    cells.push_back(!pair.contains("same_simd_target") ? "&ndash;" : same ? "yes" : "no");
     out += TableRow(cells);
   }
   return out +
          "</table></div>\n<p class=\"caption\">The same problems scored for two schemes: "
          "only the problems one got right and the other did not tell them apart, and the "
-         "p-value is the chance of a split that uneven if neither scheme were better.</p>\n";
+         "p-value is the chance of a split that uneven if neither scheme were better. Where the "
+         "two were answered on different SIMD targets, the split mixes the schemes' effect "
+         "with the targets' rounding.</p>\n";
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <sstream>
 
-#include "hwy/targets.h"
 #include "io/mapped_file.h"
 
 namespace kvq {
@@ -59,11 +58,6 @@ StatusOr<ResultLog> ResultLog::Open(const std::string& path) {
     log.records_.push_back(std::move(record));
   }
   return log;
-}
-
-std::string SimdTargetName() {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  return targets.empty() ? "none" : hwy::TargetName(targets.front());
 }
 
 Status ResultLog::Append(const nlohmann::json& record) {

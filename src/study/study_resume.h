@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "ops/simd_target.h"
 
 namespace kvq {
 
@@ -40,8 +41,7 @@ class ResultLog {
   std::vector<nlohmann::json> records_;
 };
 
-// The SIMD target the kernels dispatch to on this CPU ("AVX3_ZEN4", "AVX2").
-std::string SimdTargetName();
+using ops::SimdTargetName;
 
 // A file-name-safe name for a scheme spec or cell: [A-Za-z0-9._-] kept,
 // anything else '_', plus 8 hex digits of a hash of the original (so

@@ -12,6 +12,7 @@
 #include "model/model_files.h"
 #include "model/tokenizer_spec.h"
 #include "model/transformer.h"
+#include "ops/simd_target.h"
 #include "tools/commands.h"
 #include "tools/model_arg.h"
 
@@ -188,6 +189,8 @@ Status RunInfo(const std::string& path, const std::string& kv_type) {
   KVQ_ASSIGN_OR_RETURN(auto bias_norms, KBiasNorms(m));
   PrintBiasNorms(bias_norms);
   PrintTokenizer(m.tokenizer);
+  std::printf("kernels:      SIMD target %s (this CPU and build: %s)\n",
+              ops::SimdTargetName().c_str(), ops::SupportedSimdTargetNames().c_str());
   return Status::Ok();
 }
 

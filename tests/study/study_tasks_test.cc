@@ -585,6 +585,7 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   EXPECT_EQ(only_a + both, f16["correct"].get<int64_t>());
   EXPECT_EQ(only_b + both, (*first)["schemes"][1]["correct"].get<int64_t>());
   EXPECT_EQ(pair["mcnemar_exact_p"].get<double>(), McNemarExactP(only_a, only_b));
+  EXPECT_EQ(pair["same_simd_target"], true);  // both answered in this process
   // Rerun: nothing new; one more problem: only it runs, per scheme.
   events = 0;
   auto again = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path,
@@ -599,6 +600,22 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   ASSERT_TRUE(more.ok());
   EXPECT_EQ(events, 2 * (1 + 1));
   EXPECT_EQ((*more)["schemes"][1]["problems"], 3);
+  // int2's answers as if made on another SIMD target: the pair says so.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("int2", 0) != 0) continue;
+    std::ifstream in(e.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const std::string own = "\"simd_target\":\"" + SimdTargetName() + "\"";
+    for (size_t at; (at = text.find(own)) != std::string::npos;) {
+      text.replace(at, own.size(), "\"simd_target\":\"ELSEWHERE\"");
+    }
+    std::ofstream(e.path(), std::ios::trunc) << text;
+  }
+  auto moved = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr);
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ((*moved)["schemes"][1]["simd_targets"]["ELSEWHERE"], 3);
+  EXPECT_EQ((*moved)["paired"][0]["same_simd_target"], false);
   o.max_new_tokens = 7;  // another configuration
   EXPECT_FALSE(RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr).ok());
   o.max_new_tokens = 6;

@@ -56,6 +56,16 @@ expect_error "serve -t 100000" "threads" "$KVQ" serve -m "$MODEL" --port 0 -t 10
 expect_error "generate --temp nan" "finite" "$KVQ" generate -m "$MODEL" -p hi -n 1 --temp nan
 expect_error "generate --top-p inf" "finite" "$KVQ" generate -m "$MODEL" -p hi -n 1 --top-p inf
 expect_error "serve --shutdown-timeout nan" "finite" "$KVQ" serve -m "$MODEL" --port 0 --shutdown-timeout nan
+# --simd-target: an unknown target is refused; a cap takes effect whether it
+# comes before or after the subcommand (SCALAR is on every CPU and build).
+expect_error "--simd-target NOPE" "not available" "$KVQ" --simd-target NOPE info "$MODEL"
+for where in before after; do
+  if [ $where = before ]; then args=(--simd-target SCALAR info "$MODEL")
+  else args=(info "$MODEL" --simd-target SCALAR); fi
+  if bounded 30 "$KVQ" "${args[@]}" 2>&1 | grep -q "SIMD target SCALAR "; then
+    pass "--simd-target SCALAR $where the subcommand"
+  else fail "--simd-target SCALAR $where the subcommand: info does not report SCALAR"; fi
+done
 
 # start_server LOG ARGS...: starts kvq serve on a free port; sets PID, PORT.
 start_server() {

@@ -34,7 +34,7 @@ import re
 import statistics
 import sys
 
-from findings_common import fmt, pct, read_lines, result_file_stem, scheme_of, \
+from findings_common import first_records, fmt, pct, read_lines, result_file_stem, scheme_of, \
     scheme_spellings, simd_targets, table, wilson95
 from findings_gsm8k import mcnemar_exact_p, no_number_answers, one_same_target, render_gsm8k, \
     render_gsm8k_control
@@ -279,10 +279,13 @@ def render_progress(study_dir, studies):
                             ("end_to_end", "runs")):
             for f in sorted((results / stage).glob("*.jsonl")):
                 recs = read_lines(f)
+                if stage == "gsm8k":  # a problem recorded twice counts once, as kvq counts it
+                    recs = list(first_records(recs, "index").values())
                 count = "done" if stage == "end_to_end" and recs else f"{len(recs)} {unit}"
                 rows.append((folder.name, stage, scheme_of(f.stem, spellings), count, recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
-            cells = needle_cells(d)
+            cells = {f: list(first_records(records, "trial").values())
+                     for f, records in needle_cells(d).items()}
             recs = [r for records in cells.values() for r in records]
             rows.append((folder.name, "needle", scheme_of(d.name, spellings),
                          f"{len(recs)} trials in {len(cells)} cells; {needle_tally(cells)}", recs))
@@ -465,6 +468,11 @@ def self_test(study_dir):
         if "| `kivi2` | 1024 | 0.250 | 1.50 | 50.0% | 9.00 | not recorded |" not in kl_rows or \
                 "| 512 |" in kl_rows:
             print("self-test: the recorded context-KL block kept the wrong points:\n" + kl_rows)
+            return 1
+        if "| m | needle | `int2` | 1 trials in 1 cells; correct at 1024 1/1 |" not in \
+                render_progress(tmp, {}):
+            print("self-test: the progress block counted a repeated trial twice:\n" +
+                  render_progress(tmp, {}))
             return 1
         recorded = render_needle_recorded(tmp, "m", {})
         for want in ("| `int2` | 1024 | - | 1/1 | - | 1/1 (100.0%) | 0 | 0 | 0 |",

@@ -50,9 +50,6 @@ std::string CutAtNextQuestion(const std::string& text) {
   return at == std::string::npos ? text : text.substr(0, at);
 }
 
-// Every pair of the section's schemes (their summaries, in order) on the
-// same problems: who got which right, and the exact McNemar p-value of the
-// split. correct[s][i]: scheme s's outcome on problem i.
 // Whether two schemes' answers were all made on one and the same SIMD
 // target: otherwise a pair's differences mix the scheme's effect with the
 // targets' rounding.
@@ -60,6 +57,9 @@ bool OneSameSimdTarget(const Json& a_targets, const Json& b_targets) {
   return a_targets.size() == 1 && a_targets == b_targets && !a_targets.contains("");
 }
 
+// Every pair of the section's schemes (their summaries, in order) on the
+// same problems: who got which right, and the exact McNemar p-value of the
+// split. correct[s][i]: scheme s's outcome on problem i.
 Json PairedComparisons(const Json& schemes, const std::vector<std::vector<bool>>& correct) {
   Json pairs = Json::array();
   for (size_t a = 0; a < schemes.size(); ++a) {

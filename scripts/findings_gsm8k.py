@@ -88,17 +88,18 @@ def paired_row(a, b, problems):
 
 
 def render_gsm8k_control(study_dir, model, studies):
-    """f16 rerun into M/control-*/gsm8k/ on another SIMD target: how far greedy
-    GSM8K answers move with the target alone, and each scheme recorded on the
-    control's target paired with the control instead of the recorded f16."""
+    """f16 rerun into M/control-*/gsm8k/ (another SIMD target, build or batch
+    schedule): how far greedy GSM8K answers move with the arithmetic alone;
+    each scheme recorded on a control's target paired with that control
+    instead of the recorded f16; and the controls paired with each other."""
     if "gsm8k" not in studies.get(model, {}):
         raise KeyError(f"block 'gsm8k_control {model}': no gsm8k.json")
     g = studies[model]["gsm8k"]
     problems = range(g["problems"])
     results = pathlib.Path(study_dir) / model / "results" / "gsm8k"
     recorded = first_answers(results / f"{result_file_stem('f16')}.jsonl")
-    controls = sorted(pathlib.Path(study_dir, model).glob(
-        f"control-*/gsm8k/{result_file_stem('f16')}.jsonl"))
+    controls = {path.parent.parent.name: first_answers(path) for path in sorted(
+        pathlib.Path(study_dir, model).glob(f"control-*/gsm8k/{result_file_stem('f16')}.jsonl"))}
     if not controls:
         raise KeyError(f"block 'gsm8k_control {model}': no control-*/gsm8k/ f16 results")
     schemes = {s["name"]: first_answers(results / f"{result_file_stem(s['name'])}.jsonl")
@@ -107,29 +108,32 @@ def render_gsm8k_control(study_dir, model, studies):
     def targets(answers):
         return {r.get("simd_target", "") for r in answers.values()}
 
-    def f16_on(answers):
-        return f"`f16` on {'/'.join(sorted(targets(answers))) or 'not recorded'}"
+    def on(label, answers):
+        return f"{label} on {'/'.join(sorted(targets(answers))) or 'not recorded'}"
 
+    def row(a_label, a, b_label, b):
+        done = [i for i in problems if i in a and i in b]
+        return [a_label, b_label, f"{sum(a[i]['correct'] for i in done)}/{len(done)}",
+                f"{sum(b[i]['correct'] for i in done)}/{len(done)}"] + paired_row(a, b, done)
+
+    header = ["A", "B", "A correct", "B correct", "only A right", "only B right", "both right",
+              "neither", "p"]
     text = ""
-    for path in controls:
-        control = first_answers(path)
+    for folder, control in controls.items():
         done = [i for i in problems if i in control]
         same_text = sum(1 for i in done if control[i]["answer"] == recorded[i]["answer"])
         same_number = sum(1 for i in done if control[i]["predicted"] == recorded[i]["predicted"])
-        control_correct = f"{sum(control[i]['correct'] for i in done)}/{len(done)}"
-        rows = [[f16_on(recorded), f16_on(control),
-                 f"{sum(recorded[i]['correct'] for i in done)}/{len(done)}", control_correct] +
-                paired_row(recorded, control, done)]
-        for name, mine in schemes.items():
-            if targets(mine) == targets(control):
-                rows.append([f16_on(control), f"`{name}`", control_correct,
-                             f"{sum(mine[i]['correct'] for i in done if i in mine)}/"
-                             f"{sum(1 for i in done if i in mine)}"] +
-                            paired_row(control, mine, done))
-        text += (f"`{path.parent.parent.name}/`: f16 again on {len(done)} of the {g['problems']} "
-                 f"problems; the same text as the recorded f16 on {same_text}/{len(done)}, the "
-                 f"same final number on {same_number}/{len(done)}. Paired on the problems both "
-                 f"answered:\n\n" +
-                 table(["A", "B", "A correct", "B correct", "only A right", "only B right",
-                        "both right", "neither", "p"], rows))
-    return text
+        mine = on(f"`{folder}/` f16", control)
+        rows = [row(on("recorded `f16`", recorded), recorded, mine, control)]
+        rows += [row(mine, control, f"`{name}`", answers) for name, answers in schemes.items()
+                 if targets(answers) == targets(control)]
+        text += (f"`{folder}/`: f16 again on {len(done)} of the {g['problems']} problems; the "
+                 f"same text as the recorded f16 on {same_text}/{len(done)}, the same final "
+                 f"number on {same_number}/{len(done)}. Paired on the problems both answered:\n\n"
+                 + table(header, rows) + "\n")
+    names = list(controls)
+    pairs = [row(on(f"`{a}/` f16", controls[a]), controls[a], on(f"`{b}/` f16", controls[b]),
+                 controls[b]) for k, a in enumerate(names) for b in names[k + 1:]]
+    if pairs:
+        text += "The controls paired with each other:\n\n" + table(header, pairs) + "\n"
+    return text.rstrip("\n") + "\n"

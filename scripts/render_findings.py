@@ -556,11 +556,18 @@ def self_test(study_dir):
         answers(results, "int8", "AVX3", [(0, False, "x"), (1, True, "y"), (2, True, "c")])
         answers(results.parent.parent / "control-x" / "gsm8k", "f16", "AVX3",
                 [(0, True, "a"), (1, True, "y")])
+        answers(results.parent.parent / "control-y" / "gsm8k", "f16", "AVX2",
+                [(0, False, "z"), (1, True, "y"), (2, True, "c")])
         control = render_gsm8k_control(tmp, "m", {"m": {"gsm8k": {"problems": 3, "schemes": [
             {"name": "f16"}, {"name": "int8"}]}}})
         for want in ("f16 again on 2 of the 3 problems; the same text as the recorded f16 on 1/2",
-                     "| `f16` on AVX2 | `f16` on AVX3 | 1/2 | 2/2 | 0 | 1 | 1 | 0 | 1.000 |",
-                     "| `f16` on AVX3 | `int8` | 2/2 | 1/2 | 1 | 0 | 1 | 0 | 1.000 |"):
+                     "| recorded `f16` on AVX2 | `control-x/` f16 on AVX3 | 1/2 | 2/2 | 0 | 1 | 1 "
+                     "| 0 | 1.000 |",
+                     "| `control-x/` f16 on AVX3 | `int8` | 2/2 | 1/2 | 1 | 0 | 1 | 0 | 1.000 |",
+                     "| recorded `f16` on AVX2 | `control-y/` f16 on AVX2 | 2/3 | 2/3 | 1 | 1 | 1 "
+                     "| 0 | 1.000 |",
+                     "| `control-x/` f16 on AVX3 | `control-y/` f16 on AVX2 | 2/2 | 1/2 | 1 | 0 | 1 "
+                     "| 0 | 1.000 |"):
             if want not in control:
                 print("self-test: the GSM8K control block miscounted:\n" + control)
                 return 1

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/mapped_file.h"
 #include "kv/kv_factory.h"
 #include "study/study.h"
 #include "study/study_context_kl.h"
@@ -603,14 +604,14 @@ TEST_F(StudyTasksTest, Gsm8kStudyScoresAndResumes) {
   // int2's answers as if made on another SIMD target: the pair says so.
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().filename().string().rfind("int2", 0) != 0) continue;
-    std::ifstream in(e.path());
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    in.close();
+    StatusOr<std::string> read = ReadTextFile(e.path().string());
+    ASSERT_TRUE(read.ok()) << read.status().message();
+    std::string text = *read;
     const std::string own = "\"simd_target\":\"" + SimdTargetName() + "\"";
     for (size_t at; (at = text.find(own)) != std::string::npos;) {
       text.replace(at, own.size(), "\"simd_target\":\"ELSEWHERE\"");
     }
-    std::ofstream(e.path(), std::ios::trunc) << text;
+    ASSERT_TRUE(WriteTextFile(e.path().string(), text).ok());
   }
   auto moved = RunGsm8kStudy(model_, *data, schemes, o, dir, data_path, nullptr);
   ASSERT_TRUE(moved.ok());

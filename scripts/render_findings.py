@@ -270,18 +270,24 @@ def render_context_kl_recorded(study_dir, model, studies):
                  rows)
 
 
+# The resumable stages with one record per unit: (stage folder, what a
+# record is, the key that names it: a unit recorded twice counts once, as kvq
+# counts it). end_to_end writes its records in one go: done or not begun.
+PROGRESS_STAGES = (("gsm8k", "problems", "index"), ("context_kl", "lengths", "context"),
+                   ("end_to_end", "", ""))
+
+
 def render_progress(study_dir, studies):
     """What the resumable runs have recorded so far (M/results/, bench/study_long.sh)."""
     rows = []
     for folder in sorted(p for p in pathlib.Path(study_dir).iterdir() if (p / "results").is_dir()):
         results, spellings = folder / "results", scheme_spellings(studies.get(folder.name, {}))
-        for stage, unit in (("gsm8k", "problems"), ("context_kl", "lengths"),
-                            ("end_to_end", "runs")):
+        for stage, unit, key in PROGRESS_STAGES:
             for f in sorted((results / stage).glob("*.jsonl")):
                 recs = read_lines(f)
-                if stage == "gsm8k":  # a problem recorded twice counts once, as kvq counts it
-                    recs = list(first_records(recs, "index").values())
-                count = "done" if stage == "end_to_end" and recs else f"{len(recs)} {unit}"
+                if key:
+                    recs = list(first_records(recs, key).values())
+                count = f"{len(recs)} {unit}" if unit else "done" if recs else "0 runs"
                 rows.append((folder.name, stage, scheme_of(f.stem, spellings), count, recs))
         for d in sorted(p for p in (results / "needle").glob("*") if p.is_dir()):
             cells = {f: list(first_records(records, "trial").values())

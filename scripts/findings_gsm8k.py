@@ -131,9 +131,17 @@ def render_gsm8k_control(study_dir, model, studies):
                  f"same text as the recorded f16 on {same_text}/{len(done)}, the same final "
                  f"number on {same_number}/{len(done)}. Paired on the problems both answered:\n\n"
                  + table(header, rows) + "\n")
+    def same(a, b):
+        """[same text, same final number] on the problems both answered."""
+        done = [i for i in problems if i in a and i in b]
+        return [f"{sum(a[i]['answer'] == b[i]['answer'] for i in done)}/{len(done)}",
+                f"{sum(a[i]['predicted'] == b[i]['predicted'] for i in done)}/{len(done)}"]
+
     names = list(controls)
     pairs = [row(on(f"`{a}/` f16", controls[a]), controls[a], on(f"`{b}/` f16", controls[b]),
-                 controls[b]) for k, a in enumerate(names) for b in names[k + 1:]]
+                 controls[b]) + same(controls[a], controls[b])
+             for k, a in enumerate(names) for b in names[k + 1:]]
     if pairs:
-        text += "The controls paired with each other:\n\n" + table(header, pairs) + "\n"
+        text += ("The controls paired with each other:\n\n" +
+                 table(header + ["same text", "same number"], pairs) + "\n")
     return text.rstrip("\n") + "\n"

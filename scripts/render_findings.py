@@ -230,14 +230,18 @@ def render_coverage(studies, study_dir):
     rows = {"1. structure (outliers, biases, sinks)": [], "2. the write-up's table": [],
             "3. end to end per scheme": [], "4. needle in a haystack": [],
             "5. GSM8K": [], "6. KL by context length": [], "7. the peers' caches": []}
-    for name, st in studies.items():
+    # A stage's archive (M.gsm8k-v1/) is no model's study.
+    models = [name for name in studies if (pathlib.Path(study_dir) / name / "study.json").exists()]
+    for name in models:
+        st = studies[name]
         cells = rows.values()
         col = ["yes" if "outliers" in st else "not run",
                "yes" if "fake_quant" in st else "not run",
                f"{len(st['schemes'])} schemes" if "schemes" in st else "not run",
                needle_coverage(st["needle"]) if "needle" in st else "not run",
                (f"{st['gsm8k']['problems']} problems, {len(st['gsm8k']['schemes'])} schemes"
-                if "gsm8k" in st else "not run"),
+                if "gsm8k" in st else "under way" if
+                (pathlib.Path(study_dir) / name / "results" / "gsm8k").is_dir() else "not run"),
                (", ".join(str(x) for x in st["context_kl"]["lengths"]) + " tokens"
                 if "context_kl" in st else "not run")]
         peers = peers_dir / name / "peers.json"
@@ -249,7 +253,7 @@ def render_coverage(studies, study_dir):
             col.append("not run")
         for values, value in zip(cells, col):
             values.append(value)
-    return table(["measurement"] + list(studies), [[k] + v for k, v in rows.items()])
+    return table(["measurement"] + models, [[k] + v for k, v in rows.items()])
 
 
 def render_context_kl_recorded(study_dir, model, studies):

@@ -161,8 +161,10 @@ int64_t Transformer::WeightBytesPerToken() const {
 }
 
 Status Transformer::Forward(const std::vector<BatchSequence>& batch, KvCache& cache,
-                            std::vector<float>* logits, const KvObserver* observer) {
+                            std::vector<float>* logits, const KvObserver* observer,
+                            BatchArith batch_arith) {
   const ModelConfig& c = config();
+  batch_arith_ = batch_arith;
   // Run state (act_) is reused across calls: sized at Create for one decoded
   // token, grown by the first larger batch, so decoding allocates nothing.
   KVQ_RETURN_IF_ERROR(FlattenBatch(batch, cache));
@@ -231,9 +233,9 @@ Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequenc
   std::vector<float>& attn = act_.attn;    // [T, num_heads, head_dim]
 
   ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-  ops::Matmul(w.attn_q, xn.data(), T, q.data(), *pool_, &workspace_, arith_);
-  ops::Matmul(w.attn_k, xn.data(), T, k_pre.data(), *pool_, &workspace_, arith_);
-  ops::Matmul(w.attn_v, xn.data(), T, v.data(), *pool_, &workspace_, arith_);
+  Product(w.attn_q, xn.data(), T, q.data());
+  Product(w.attn_k, xn.data(), T, k_pre.data());
+  Product(w.attn_v, xn.data(), T, v.data());
   if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
   if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
   if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
@@ -256,7 +258,7 @@ Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequenc
                                      attn.data() + offset * q_dim));
     offset += n;
   }
-  ops::Matmul(w.attn_output, attn.data(), T, xn.data(), *pool_, &workspace_, arith_);
+  Product(w.attn_output, attn.data(), T, xn.data());
   AddInPlace(xn.data(), T * hidden, x.data());
   return Status::Ok();
 }
@@ -272,10 +274,10 @@ void Transformer::FeedForwardBlock(int64_t layer) {
   std::vector<float>& gate = act_.gate;  // [T, intermediate]
   std::vector<float>& up = act_.up;      // [T, intermediate]
   ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-  ops::Matmul(w.ffn_gate, xn.data(), T, gate.data(), *pool_, &workspace_, arith_);
-  ops::Matmul(w.ffn_up, xn.data(), T, up.data(), *pool_, &workspace_, arith_);
+  Product(w.ffn_gate, xn.data(), T, gate.data());
+  Product(w.ffn_up, xn.data(), T, up.data());
   ops::SwiGlu(gate.data(), up.data(), T * c.intermediate_size, gate.data());
-  ops::Matmul(w.ffn_down, gate.data(), T, xn.data(), *pool_, &workspace_, arith_);
+  Product(w.ffn_down, gate.data(), T, xn.data());
   AddInPlace(xn.data(), T * hidden, x.data());
 }
 
@@ -292,7 +294,15 @@ void Transformer::OutputHead(std::vector<float>* logits) {
   }
   ops::RmsNorm(rows.data(), weights_.output_norm.data(), R, hidden, c.rms_norm_eps, rows.data());
   logits->resize(static_cast<size_t>(R * c.vocab_size));
-  ops::Matmul(weights_.output, rows.data(), R, logits->data(), *pool_, &workspace_, arith_);
+  Product(weights_.output, rows.data(), R, logits->data());
+}
+
+void Transformer::Product(const ops::WeightView& w, const float* x, int64_t n, float* y) {
+  if (batch_arith_ == BatchArith::kInvariant) {
+    ops::MatmulRowwise(w, x, n, y, *pool_, &workspace_, arith_);
+  } else {
+    ops::Matmul(w, x, n, y, *pool_, &workspace_, arith_);
+  }
 }
 
 StatusOr<std::vector<std::vector<double>>> KBiasNorms(const ModelFiles& files) {

@@ -87,6 +87,18 @@ struct ForwardActivations {
   }
 };
 
+// How Forward's products treat the rows of a batch.
+enum class BatchArith : uint8_t {
+  // ops::Matmul's choice by the call's row count: fastest, but a sequence's
+  // results depend (by rounding) on how many rows share its step.
+  kFastest,
+  // ops::MatmulRowwise: every row computed as it would be alone, so a
+  // sequence's logits do not depend on which sequences share its steps
+  // (a batched greedy answer equals the one decoded alone). Slower than
+  // kFastest only for products of more than ops::PackedMinTokens rows.
+  kInvariant,
+};
+
 class Transformer {
  public:
   // Takes ownership of the loaded files (weights are used in place).
@@ -108,8 +120,10 @@ class Transformer {
   // Runs every token of `batch` through the model. For each sequence, the
   // tokens continue at position cache.Length(seq). logits: [rows, vocab],
   // rows in batch order (all tokens or the last one of each sequence).
+  // batch_arith: whether a sequence's results may depend on its batchmates.
   Status Forward(const std::vector<BatchSequence>& batch, KvCache& cache,
-                 std::vector<float>* logits, const KvObserver* observer = nullptr);
+                 std::vector<float>* logits, const KvObserver* observer = nullptr,
+                 BatchArith batch_arith = BatchArith::kFastest);
 
  private:
   Transformer() = default;
@@ -119,6 +133,8 @@ class Transformer {
                         const KvObserver* observer);
   void FeedForwardBlock(int64_t layer);
   void OutputHead(std::vector<float>* logits);
+  // y[n, w.rows] = x[n, w.cols] · Wᵀ under arith_ and batch_arith_.
+  void Product(const ops::WeightView& w, const float* x, int64_t n, float* y);
 
   ModelFiles files_;
   TransformerWeights weights_;
@@ -126,6 +142,7 @@ class Transformer {
   ops::RopeLayout rope_layout_ = ops::RopeLayout::kHalves;
   std::unique_ptr<ThreadPool> pool_;
   ops::DecodeArith arith_ = ops::DecodeArith::kInt8Dot;
+  BatchArith batch_arith_ = BatchArith::kFastest;  // the current Forward call's
   ops::MatmulWorkspace workspace_;
   ForwardActivations act_;
 };

@@ -87,7 +87,14 @@ void Matmul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool
             MatmulWorkspace* workspace, DecodeArith arith) {
   if (n >= PackedMinTokens(w.type, arith)) {
     MatmulPacked(w, x, n, y, pool, workspace);
-  } else if (arith == DecodeArith::kInt8Dot && Int8DotIsFaster(w.type)) {
+  } else {
+    MatmulRowwise(w, x, n, y, pool, workspace, arith);
+  }
+}
+
+void MatmulRowwise(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
+                   MatmulWorkspace* workspace, DecodeArith arith) {
+  if (arith == DecodeArith::kInt8Dot && Int8DotIsFaster(w.type)) {
     const int64_t bytes = n * Int8ActRowBytes(w.type, w.cols);
     std::vector<uint8_t> local;
     uint8_t* acts = workspace != nullptr ? workspace->SharedBytes(bytes) : nullptr;

@@ -104,6 +104,15 @@ int64_t PackedMinTokens(WeightType type, DecodeArith arith);
 void Matmul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
             MatmulWorkspace* workspace, DecodeArith arith);
 
+// Matmul's small-n path for every n: each of the n rows of y bit for bit as
+// Matmul gives it for that row alone (n = 1), whichever rows share the call.
+// A decode step that takes it gives each sequence the logits it would get
+// decoded alone (batch invariance), at the cost of MatmulPacked's speed from
+// PackedMinTokens rows on. `workspace` may be null (the integer path then
+// allocates its activation rows).
+void MatmulRowwise(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool,
+                   MatmulWorkspace* workspace, DecodeArith arith);
+
 // Always sgemm (panels for non-F32 types, decoded into `workspace`, which
 // F32 does not touch). The output rows are split into
 // contiguous column blocks of y, one per thread; inside a block OpenBLAS runs

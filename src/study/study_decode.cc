@@ -26,8 +26,11 @@ std::vector<int32_t> EndOfAnswerTokens(const LoadedModel& model) {
   return ids;
 }
 
-PrefixRunner::PrefixRunner(LoadedModel& model, KvCache& cache)
-    : model_(model), cache_(cache), end_tokens_(EndOfAnswerTokens(model)) {}
+PrefixRunner::PrefixRunner(LoadedModel& model, KvCache& cache, BatchArith decode_arith)
+    : model_(model),
+      cache_(cache),
+      decode_arith_(decode_arith),
+      end_tokens_(EndOfAnswerTokens(model)) {}
 
 PrefixRunner::~PrefixRunner() {
   cache_.ReleaseSequence(kPromptSeq);
@@ -162,7 +165,8 @@ Status PrefixRunner::AnswerBatched(
       }
     }
     if (batch.empty()) return Status::Ok();
-    KVQ_RETURN_IF_ERROR(model_.transformer->Forward(batch, cache_, &logits));
+    KVQ_RETURN_IF_ERROR(
+        model_.transformer->Forward(batch, cache_, &logits, nullptr, decode_arith_));
     computed_ += static_cast<int64_t>(batch.size());
     for (size_t r = 0; r < rows.size(); ++r) {
       Slot& slot = *slots[rows[r]];

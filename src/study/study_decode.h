@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "engine/loaded_model.h"
 #include "kv/kv_cache.h"
+#include "model/transformer.h"
 
 namespace kvq {
 
@@ -39,7 +40,9 @@ class PrefixRunner {
   // Uses sequence ids 0x7ff0 (the prefix) and from 0x7ff1 on (one per prompt
   // decoding at once, at most kMaxBatch) of `cache`, which must not hold them.
   static constexpr int64_t kMaxBatch = 256;
-  PrefixRunner(LoadedModel& model, KvCache& cache);
+  // decode_arith: the arithmetic of AnswerBatched's decode steps (prefills
+  // hold one sequence, so no batchmate can change them).
+  PrefixRunner(LoadedModel& model, KvCache& cache, BatchArith decode_arith = BatchArith::kFastest);
   ~PrefixRunner();
   PrefixRunner(const PrefixRunner&) = delete;
   PrefixRunner& operator=(const PrefixRunner&) = delete;
@@ -55,8 +58,9 @@ class PrefixRunner {
   // tail is prefilled alone. on_answer(i, answer) runs as prompt i finishes
   // (in any order); an error it returns stops the run. A prompt's answer
   // depends on the others only through the arithmetic of the batched
-  // projections (ops::Matmul's path for the step's row count), and equals
-  // Answer()'s while fewer than ops::kPackedMinTokens answers decode together.
+  // projections (ops::Matmul's path for the step's row count): it equals
+  // Answer()'s while fewer than ops::kPackedMinTokens answers decode
+  // together, and always under BatchArith::kInvariant.
   Status AnswerBatched(const std::vector<std::vector<int32_t>>& prompts, const GreedyStop& stop,
                        int64_t max_batch,
                        const std::function<Status(size_t, const GreedyResult&)>& on_answer);
@@ -78,6 +82,7 @@ class PrefixRunner {
 
   LoadedModel& model_;
   KvCache& cache_;
+  BatchArith decode_arith_;
   std::vector<int32_t> prefix_;
   bool have_prefix_ = false;
   std::vector<int32_t> end_tokens_;

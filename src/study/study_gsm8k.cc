@@ -50,6 +50,12 @@ std::string CutAtNextQuestion(const std::string& text) {
   return at == std::string::npos ? text : text.substr(0, at);
 }
 
+// The answers' decode arithmetic, as the results' configuration and the
+// section record it.
+constexpr char kGsm8kDecode[] =
+    "batch-invariant: each answer's arithmetic is that of the answer decoded alone "
+    "(BatchArith::kInvariant), whatever the decode batch";
+
 // Whether two schemes' answers were all made on one and the same SIMD
 // target: otherwise a pair's differences mix the scheme's effect with the
 // targets' rounding.
@@ -241,7 +247,7 @@ Status AnswerMissing(LoadedModel& model, const std::vector<Gsm8kProblem>& data,
                      std::map<int64_t, Json>& done, Gsm8kProgress& p,
                      const std::function<void(const Gsm8kProgress&)>& progress) {
   KVQ_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, scheme.make_cache());
-  PrefixRunner runner(model, *cache);
+  PrefixRunner runner(model, *cache, BatchArith::kInvariant);
   GreedyStop stop;
   stop.max_tokens = o.max_new_tokens;
   stop.done = [](const std::string& text) {
@@ -313,13 +319,12 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
   const int64_t n = std::min<int64_t>(o.problems, static_cast<int64_t>(data.size()));
   if (n < 1) return Status::Error("GSM8K: no problems to run");
   KVQ_ASSIGN_OR_RETURN(std::string digest, Sha256File(data_path));
-  const Json config = {
-      {"kvq_gsm8k_version", 1},
-      {"model", model.path},
-      {"data_sha256", digest},
-      {"max_new_tokens", o.max_new_tokens},
-      {"chat", o.chat},
-      {"decode_batch", o.batch}};  // not the problem count: a rerun may add problems
+  // Neither the problem count (a rerun may add problems) nor the decode
+  // batch (the answers do not depend on it). Version 1's answers did: its
+  // folders are refused.
+  const Json config = {{"kvq_gsm8k_version", 2}, {"model", model.path},
+                       {"data_sha256", digest},  {"max_new_tokens", o.max_new_tokens},
+                       {"chat", o.chat},         {"decode", kGsm8kDecode}};
   KVQ_RETURN_IF_ERROR(PrepareResultDir(dir, config));
   Json list = Json::array();
   std::vector<std::vector<bool>> correct;  // [scheme][problem]
@@ -327,7 +332,8 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
     const std::string path = (fs::path(dir) / (ResultFileStem(scheme.name) + ".jsonl")).string();
     KVQ_ASSIGN_OR_RETURN(ResultLog log, ResultLog::Open(path));
     std::map<int64_t, Json> done;
-    for (const Json& r : log.records()) done[r.value("index", int64_t{-1})] = r;
+    // A problem recorded twice counts once, first (as the needle's trials).
+    for (const Json& r : log.records()) done.emplace(r.value("index", int64_t{-1}), r);
     Gsm8kProgress p{scheme.name, 0, n};
     for (int64_t i = 0; i < n; ++i) p.done += done.count(i) ? 1 : 0;
     if (progress) progress(p);
@@ -346,6 +352,7 @@ StatusOr<Json> RunGsm8kStudy(LoadedModel& model, const std::vector<Gsm8kProblem>
               {"chat", o.chat},
               {"max_new_tokens", o.max_new_tokens},
               {"decode_batch", o.batch},
+              {"decode", kGsm8kDecode},
               {"rule",
                "greedy; the model's last number (commas dropped) equals the number after '####' "
                "in the reference; 95% Wilson interval; pairs: exact McNemar test on the same "

@@ -55,9 +55,10 @@ struct Gsm8kOptions {
   int max_new_tokens = 320;
   bool chat = true;  // the model's chat template (off for a model without one)
   // Answers decoding together (PrefixRunner::AnswerBatched): the
-  // projections read each weight block once per step for all of them. Part
-  // of the results' configuration, as the batched projections round
-  // differently.
+  // projections read each weight block once per step for all of them. They
+  // decode under BatchArith::kInvariant, so each answer is the one decoded
+  // alone and the batch is not part of the results' configuration: a run may
+  // resume with another.
   int64_t batch = 1;
 };
 

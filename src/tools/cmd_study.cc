@@ -582,8 +582,8 @@ void AddLongStageOptions(CLI::App* cmd, StudyFlags* flags) {
                   "Qwen2.5-Coder-1.5B's worked answers were cut short)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--gsm8k-batch", flags->gsm8k_batch,
-                  "GSM8K answers decoding together, one forward call per step (default 32; a "
-                  "results dir keeps one value: the batched projections round differently)")
+                  "GSM8K answers decoding together, one forward call per step (default 32; "
+                  "each answer is the one decoded alone, so a run may resume with another)")
       ->check(CLI::Range(int64_t{1}, PrefixRunner::kMaxBatch));
   cmd->add_flag("--context-kl", flags->context_kl,
                 "Also KL vs f16 by context length (windows of 512..4096 within the model's "

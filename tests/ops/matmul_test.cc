@@ -1,4 +1,4 @@
-// Matmul (routing), MatvecBatch's tiles, MatmulPacked (register-blocked
+// Matmul (routing), MatmulRowwise, MatvecBatch's tiles, MatmulPacked (register-blocked
 // GEMM over decoded weight panels) and MatmulSgemm (OpenBLAS over decoded
 // weight panels) against MatmulRef, on every compiled SIMD target.
 #include "ops/matmul.h"
@@ -21,7 +21,7 @@ using opstest::TestWeight;
 class MatmulTest : public hwy::TestWithParamTarget {};
 HWY_TARGET_INSTANTIATE_TEST_SUITE_P(MatmulTest);
 
-enum class Path { kMatmul, kSgemm, kPacked };
+enum class Path { kMatmul, kSgemm, kPacked, kRowwise };
 
 // Both paths sum the same exact f32 products as the reference (every type
 // decodes exactly to f32, Q8_0's d * q included) in some order (tiles,
@@ -44,6 +44,9 @@ void ExpectMatmulNearRef(const TestWeight& w, int64_t n, int threads, std::mt199
       break;
     case Path::kPacked:
       MatmulPacked(w.view(), x.data(), n, y.data(), pool, &ws);
+      break;
+    case Path::kRowwise:
+      MatmulRowwise(w.view(), x.data(), n, y.data(), pool, &ws, DecodeArith::kExactF32);
       break;
   }
   MatmulRef(w.view(), x.data(), n, ref.data());
@@ -88,6 +91,7 @@ TEST_P(MatmulTest, RandomShapesAllTypes) {
           ExpectMatmulNearRef(w, n, threads, rng, Path::kMatmul);
           ExpectMatmulNearRef(w, n, threads, rng, Path::kSgemm);
           ExpectMatmulNearRef(w, n, threads, rng, Path::kPacked);
+          ExpectMatmulNearRef(w, n, threads, rng, Path::kRowwise);
         }
       }
     }

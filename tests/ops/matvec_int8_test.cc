@@ -191,6 +191,42 @@ TEST_P(MatvecInt8Test, BatchEqualsOneRowAtATime) {
   }
 }
 
+// MatmulRowwise gives each row of any batch, past every packed-GEMM
+// threshold (PackedMinTokens: 32, Q4_K 48, Q6_K 64) too, bit for bit what
+// Matmul gives that row alone, under both decode arithmetics and on the
+// types of either path (dense types and Q8_0 take MatvecBatch).
+TEST_P(MatvecInt8Test, RowwiseEqualsMatmulOneRowAtATime) {
+  std::mt19937 rng(12);
+  std::vector<WeightType> types(std::begin(kIntTypes), std::end(kIntTypes));
+  types.insert(types.end(), {WeightType::kF32, WeightType::kF16, WeightType::kBF16});
+  for (WeightType type : types) {
+    const bool dense = BlockSize(type) == 1;
+    const int64_t cols = dense ? 77 : 2 * BlockSize(type), rows = 13;
+    const auto w =
+        dense ? opstest::MakeWeight(type, rows, cols, opstest::RandomVector(rng, rows * cols, 0.5f))
+              : RandomWeight(rng, type, rows, cols, 0.5f);
+    for (DecodeArith arith : {DecodeArith::kInt8Dot, DecodeArith::kExactF32}) {
+      for (int64_t n : {2, 33, 49, 70}) {
+        const std::vector<float> x = opstest::RandomVector(rng, n * cols, 2.0f);
+        for (int threads : {1, 2}) {
+          ThreadPool pool(threads);
+          MatmulWorkspace ws;
+          std::vector<float> batch(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
+          MatmulRowwise(w.view(), x.data(), n, batch.data(), pool, &ws, arith);
+          for (int64_t t = 0; t < n; ++t) {
+            Matmul(w.view(), x.data() + t * cols, 1, one.data(), pool, &ws, arith);
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(batch[t * rows + r], one[r])
+                  << WeightTypeName(type) << " arith " << static_cast<int>(arith) << " n " << n
+                  << " token " << t << " row " << r << " threads " << threads;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Hand-worked blocks: amax 127 gives d = 1, so q = x rounded; Q8_1 and
 // Q8_0 round ties away from zero, Q8_K to even, with d = 1 / (-127 / max).
 TEST(QuantizeActsTest, HandWorkedBlocks) {

@@ -1,0 +1,77 @@
+// Transformer::Forward's BatchArith on a decode step shared by more
+// sequences than ops::kPackedMinTokens: kInvariant gives each sequence the
+// logits it gets decoded alone, bit for bit; kFastest (the packed GEMM at
+// that row count) rounds differently, which is why the study's batched
+// answers decode under kInvariant.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kv/dense_cache.h"
+#include "ops/matmul.h"
+#include "tiny_model.h"
+
+namespace kvq {
+namespace {
+
+class BatchArithTest : public test_util::TinyModelTest {
+ protected:
+  static void SetUpTestSuite() { WriteSuiteModel({.max_positions = 64, .seed = 9}); }
+  void SetUp() override {
+    TinyModelTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
+  }
+
+  // A cache holding `prompts.size()` sequences (ids 0..), each prompt
+  // prefilled alone, so every cache made from the same prompts is identical.
+  std::unique_ptr<KvCache> Prefilled(const std::vector<std::vector<int32_t>>& prompts) {
+    auto cache = MakeDenseKvCache(model_.transformer->kv_shape(), DenseKvType::kF16, 64, 1);
+    std::vector<float> logits;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const SeqId seq = static_cast<SeqId>(s);
+      EXPECT_TRUE(cache->AddSequence(seq).ok());
+      EXPECT_TRUE(model_.transformer->Forward({{seq, prompts[s], false}}, *cache, &logits).ok());
+    }
+    return cache;
+  }
+};
+
+TEST_F(BatchArithTest, InvariantDecodeStepEqualsEachSequenceAlone) {
+  constexpr int kSequences = 40;
+  static_assert(kSequences >= ops::kPackedMinTokens, "the fast path must take the packed GEMM");
+  std::mt19937 rng(17);
+  const int32_t vocab = static_cast<int32_t>(model_.transformer->config().vocab_size);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<BatchSequence> step;  // one new token per sequence
+  for (int s = 0; s < kSequences; ++s) {
+    std::vector<int32_t> prompt(static_cast<size_t>(3 + s % 7));
+    for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+    prompts.push_back(prompt);
+    step.push_back({static_cast<SeqId>(s), {static_cast<int32_t>(rng() % vocab)}, false});
+  }
+  std::vector<float> alone;  // [kSequences, vocab]
+  {
+    auto cache = Prefilled(prompts);
+    std::vector<float> logits;
+    for (const BatchSequence& one : step) {
+      ASSERT_TRUE(model_.transformer->Forward({one}, *cache, &logits).ok());
+      alone.insert(alone.end(), logits.begin(), logits.end());
+    }
+  }
+  std::vector<float> invariant, fastest;
+  auto cache = Prefilled(prompts);
+  ASSERT_TRUE(
+      model_.transformer->Forward(step, *cache, &invariant, nullptr, BatchArith::kInvariant).ok());
+  EXPECT_EQ(invariant, alone);
+  auto other = Prefilled(prompts);
+  ASSERT_TRUE(model_.transformer->Forward(step, *other, &fastest).ok());
+  ASSERT_EQ(fastest.size(), alone.size());
+  // Not bit for bit: otherwise this test could not tell the two apart.
+  EXPECT_NE(fastest, alone);
+}
+
+}  // namespace
+}  // namespace kvq

@@ -336,7 +336,15 @@ StatusOr<std::string> Gsm8kTable(const json& study) {
          tokens ? FormatNumber("%.0f", *tokens) : "&ndash;", std::to_string(limited.value_or(0))});
   }
   KVQ_ASSIGN_OR_RETURN(std::string rule, StringMember(*gsm8k, "rule", "gsm8k"));
-  out += "</table></div>\n<p class=\"caption\">" + EscapeHtml(rule) + ".</p>\n";
+  // Absent before the stage's version 2: those answers depended on their batch.
+  KVQ_ASSIGN_OR_RETURN(std::string decode, StringMember(*gsm8k, "decode", "gsm8k"));
+  if (decode.empty()) {
+    decode =
+        "not recorded (a study from before batch-invariant decoding: each answer may "
+        "depend on which answers shared its decode steps)";
+  }
+  out += "</table></div>\n<p class=\"caption\">" + EscapeHtml(rule) +
+         ". Decoding: " + EscapeHtml(decode) + ".</p>\n";
   KVQ_ASSIGN_OR_RETURN(std::string paired, Gsm8kPairedTable(*gsm8k));
   return out + paired;
 }

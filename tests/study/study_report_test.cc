@@ -233,6 +233,15 @@ TEST(StudyReport, PageHoldsLibrariesChartsTablesAndSelfCheck) {
   EXPECT_NE(page.find("<td><b>int2-c32-asym/int2-g32-asym</b></td>"), std::string::npos);
   EXPECT_NE(page.find("<th>exact McNemar p</th>"), std::string::npos);
   EXPECT_NE(page.find("<td>0.0987</td>"), std::string::npos);  // the fixture's pair
+  // The fixture predates the GSM8K stage's "decode": the caption says so.
+  EXPECT_NE(page.find("Decoding: not recorded (a study from before batch-invariant"),
+            std::string::npos);
+  json invariant = study;
+  invariant["gsm8k"]["decode"] = "batch-invariant: <as alone>";
+  auto invariant_html = RenderStudyReportHtml(invariant);
+  ASSERT_TRUE(invariant_html.ok()) << invariant_html.status().message();
+  EXPECT_NE(invariant_html->find("Decoding: batch-invariant: &lt;as alone&gt;."),
+            std::string::npos);
   for (const json& s : study["schemes"]) {
     EXPECT_NE(page.find("<td><b>" + s["name"].get<std::string>() + "</b></td>"), std::string::npos)
         << s["name"];

@@ -11,9 +11,11 @@ t/s ratio for kvq bench), with the median. Rounds ran one after the other on
 a shared machine, so only same-round ratios are compared.
 
 A second kind, vs-llamacpp, lists the llama.cpp ratio rows of every
-DIR/*vs-llamacpp*.log (bench/vs_llamacpp.sh's output).
+DIR/*vs-llamacpp*.log (bench/vs_llamacpp.sh's output); a third,
+same-answers, counts the same answers of the pairs of runs DIR/pairs.txt
+names (render_same_answers).
 
-  bench/ab_rounds_table.py render DIR [ab-rounds|vs-llamacpp]
+  bench/ab_rounds_table.py render DIR [ab-rounds|vs-llamacpp|same-answers]
   bench/ab_rounds_table.py embed DOC ROOT NAME   (DIR = ROOT/NAME, into its
                                                   <!-- KIND:NAME --> blocks)
   bench/ab_rounds_table.py check DOC ROOT        (a ctest: every block is current)
@@ -94,10 +96,30 @@ def render_peer(directory):
     return "\n".join(lines) + "\n"
 
 
-KINDS = {"ab-rounds": render, "vs-llamacpp": render_peer}
+def render_same_answers(directory):
+    """Per line "A B" of DIR/pairs.txt: on how many problems the answer files
+    DIR/A.answers.jsonl and DIR/B.answers.jsonl (one {"index", "answer"} per
+    line, by problem) hold the same text."""
+    def answers(label):
+        return {r["index"]: r["answer"] for r in map(json.loads, open(
+            os.path.join(directory, f"{label}.answers.jsonl")))}
+
+    lines = ["| answers A | answers B | same text |", "| --- | --- | ---: |"]
+    for pair in open(os.path.join(directory, "pairs.txt")):
+        a, b = answers(pair.split()[0]), answers(pair.split()[1])
+        if a.keys() != b.keys():
+            sys.exit(f"ab_rounds_table: {directory}: {pair.strip()} answer different problems")
+        same = sum(a[i] == b[i] for i in a)
+        lines.append(f"| {pair.split()[0]} | {pair.split()[1]} | {same}/{len(a)} |")
+    return "\n".join(lines) + "\n"
+
+
+KINDS = {"ab-rounds": render, "vs-llamacpp": render_peer, "same-answers": render_same_answers}
 
 
 def applies(kind, directory):
+    if kind == "same-answers":
+        return os.path.exists(os.path.join(directory, "pairs.txt"))
     return kind == "ab-rounds" or bool(glob.glob(os.path.join(directory, "*vs-llamacpp*.log")))
 
 

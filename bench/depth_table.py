@@ -22,7 +22,6 @@ benchmarks_doc_test keeps them equal.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 

@@ -95,7 +95,7 @@ enum class BatchArith : uint8_t {
   // ops::MatmulRowwise: every row computed as it would be alone, so a
   // sequence's logits do not depend on which sequences share its steps
   // (a batched greedy answer equals the one decoded alone). Slower than
-  // kFastest only for products of more than ops::PackedMinTokens rows.
+  // kFastest only for products of at least ops::PackedMinTokens rows.
   kInvariant,
 };
 

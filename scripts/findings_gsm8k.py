@@ -1,12 +1,13 @@
 """The GSM8K blocks of docs/findings.md (scripts/render_findings.py): the
 table gsm8k.json holds, and the SIMD-target control, f16 run again on
 another machine's target against the recorded f16 and the schemes that
-ran on that target."""
+ran on that target, and one scheme's answers in two GSM8K folders side by
+side (gsm8k_versus)."""
 import math
 import pathlib
 
 from findings_common import first_records, fmt, pct, read_lines, result_file_stem, \
-    simd_targets, table
+    scheme_of, scheme_spellings, simd_targets, table
 
 
 def no_number_answers(results, scheme, problems):
@@ -145,3 +146,32 @@ def render_gsm8k_control(study_dir, model, studies):
         text += ("The controls paired with each other:\n\n" +
                  table(header + ["same text", "same number"], pairs) + "\n")
     return text.rstrip("\n") + "\n"
+
+
+def render_gsm8k_versus(study_dir, folders, studies):
+    """`gsm8k_versus NEW,OLD`: each scheme both folders' GSM8K results hold
+    (NEW/results/gsm8k/, OLD/results/gsm8k/), on the problems both answered:
+    how often the two runs agree, word for word and by final number, and the
+    paired split of their correctness. What one scheme's answers move by when
+    only the way they were run changed."""
+    new, old = folders.split(",")
+    spellings = {**scheme_spellings(studies.get(old, {})), **scheme_spellings(studies.get(new, {}))}
+    roots = [pathlib.Path(study_dir) / f / "results" / "gsm8k" for f in (new, old)]
+    rows = []
+    for path in sorted(roots[0].glob("*.jsonl")):
+        if not (roots[1] / path.name).exists():
+            continue
+        a, b = first_answers(path), first_answers(roots[1] / path.name)
+        done = sorted(i for i in a if i in b)
+        if not done:
+            continue
+        rows.append([f"`{scheme_of(path.stem, spellings)}`", len(done), f"{sum(a[i]['correct'] for i in done)}/{len(done)}",
+                     f"{sum(b[i]['correct'] for i in done)}/{len(done)}"] +
+                    paired_row(a, b, done) +
+                    [f"{sum(a[i]['answer'] == b[i]['answer'] for i in done)}/{len(done)}",
+                     f"{sum(a[i]['predicted'] == b[i]['predicted'] for i in done)}/{len(done)}"])
+    if not rows:
+        raise KeyError(f"block 'gsm8k_versus {folders}': no scheme answered in both")
+    return table(["scheme", "problems", f"`{new}/`", f"`{old}/`", "only new right",
+                  "only old right", "both right", "neither", "p", "same text", "same number"],
+                 rows)

@@ -17,7 +17,9 @@ resumable runs have recorded under M/results/ so far, per scheme) and `needle_re
 (every needle trial recorded for M so far, per scheme, task and context, with what the
 wrong answers start with; scripts/findings_needle.py), `gsm8k_control M` (f16's GSM8K answers
 rerun on another SIMD target into M/control-*/, against the recorded f16 and paired with the
-schemes that ran on that target; scripts/findings_gsm8k.py). `--write` fills the blocks
+schemes that ran on that target; scripts/findings_gsm8k.py), `gsm8k_versus NEW,OLD` (each
+scheme both folders' GSM8K results hold, run against run: same text, same number, paired
+correctness). `--write` fills the blocks
 in place; `--check` (a ctest) fails when a block differs from what the JSON
 gives, or when a paragraph quotes a decimal number (3.14, 2.5x, 96.3%) or a count
 ("49 of 50", "25/25": a K/N of a table) that no
@@ -37,7 +39,7 @@ import sys
 from findings_common import first_records, fmt, pct, read_lines, result_file_stem, scheme_of, \
     scheme_spellings, simd_targets, table, wilson95
 from findings_gsm8k import mcnemar_exact_p, no_number_answers, one_same_target, render_gsm8k, \
-    render_gsm8k_control
+    render_gsm8k_control, render_gsm8k_versus
 from findings_needle import MISS_KINDS, cell_rate, f16_passing, miss_kind, needle_cells, \
     needle_coverage, needle_tally, render_needle, render_needle_depth, render_needle_recorded
 
@@ -345,6 +347,8 @@ def render(doc, studies, study_dir):
             body = render_gsm8k(study_dir, model, studies)
         elif kind == "gsm8k_control":
             body = render_gsm8k_control(study_dir, model, studies)
+        elif kind == "gsm8k_versus":
+            body = render_gsm8k_versus(study_dir, model, studies)
         elif kind == "context_kl_recorded":
             body = render_context_kl_recorded(study_dir, model, studies)
         elif kind == "coverage":
@@ -581,6 +585,13 @@ def self_test(study_dir):
             if want not in control:
                 print("self-test: the GSM8K control block miscounted:\n" + control)
                 return 1
+        answers(pathlib.Path(tmp) / "n" / "results" / "gsm8k", "f16", "AVX3",
+                [(0, True, "a"), (1, True, "q"), (2, False, "r"), (3, True, "s")])
+        versus = render_gsm8k_versus(tmp, "n,m", {"m": {"gsm8k": {"schemes": [{"name": "f16"}]}}})
+        want = "| `f16` | 3 | 2/3 | 2/3 | 1 | 1 | 1 | 0 | 1.000 | 1/3 | 1/3 |"
+        if want not in versus or "int8" in versus:
+            print("self-test: the GSM8K versus block miscounted:\n" + versus)
+            return 1
     # The control's McNemar p must be the one kvq's GSM8K stage computes in C++.
     for gsm8k in pathlib.Path(study_dir).glob("*/gsm8k.json"):
         for pair in json.loads(gsm8k.read_text())["gsm8k"].get("paired", []):

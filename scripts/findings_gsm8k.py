@@ -88,6 +88,14 @@ def paired_row(a, b, problems):
             pvalue(mcnemar_exact_p(only_a, only_b))]
 
 
+def same_answers(a, b, problems):
+    """["K/N" same text, "K/N" same final number] of two runs' answers over
+    those of `problems` both answered."""
+    done = [i for i in problems if i in a and i in b]
+    return [f"{sum(a[i]['answer'] == b[i]['answer'] for i in done)}/{len(done)}",
+            f"{sum(a[i]['predicted'] == b[i]['predicted'] for i in done)}/{len(done)}"]
+
+
 def render_gsm8k_control(study_dir, model, studies):
     """f16 rerun into M/control-*/gsm8k/ (another SIMD target, build or batch
     schedule): how far greedy GSM8K answers move with the arithmetic alone;
@@ -122,25 +130,18 @@ def render_gsm8k_control(study_dir, model, studies):
     text = ""
     for folder, control in controls.items():
         done = [i for i in problems if i in control]
-        same_text = sum(1 for i in done if control[i]["answer"] == recorded[i]["answer"])
-        same_number = sum(1 for i in done if control[i]["predicted"] == recorded[i]["predicted"])
+        same_text, same_number = same_answers(control, recorded, done)
         mine = on(f"`{folder}/` f16", control)
         rows = [row(on("recorded `f16`", recorded), recorded, mine, control)]
         rows += [row(mine, control, f"`{name}`", answers) for name, answers in schemes.items()
                  if targets(answers) == targets(control)]
         text += (f"`{folder}/`: f16 again on {len(done)} of the {g['problems']} problems; the "
-                 f"same text as the recorded f16 on {same_text}/{len(done)}, the same final "
-                 f"number on {same_number}/{len(done)}. Paired on the problems both answered:\n\n"
+                 f"same text as the recorded f16 on {same_text}, the same final "
+                 f"number on {same_number}. Paired on the problems both answered:\n\n"
                  + table(header, rows) + "\n")
-    def same(a, b):
-        """[same text, same final number] on the problems both answered."""
-        done = [i for i in problems if i in a and i in b]
-        return [f"{sum(a[i]['answer'] == b[i]['answer'] for i in done)}/{len(done)}",
-                f"{sum(a[i]['predicted'] == b[i]['predicted'] for i in done)}/{len(done)}"]
-
     names = list(controls)
     pairs = [row(on(f"`{a}/` f16", controls[a]), controls[a], on(f"`{b}/` f16", controls[b]),
-                 controls[b]) + same(controls[a], controls[b])
+                 controls[b]) + same_answers(controls[a], controls[b], problems)
              for k, a in enumerate(names) for b in names[k + 1:]]
     if pairs:
         text += ("The controls paired with each other:\n\n" +
@@ -165,11 +166,10 @@ def render_gsm8k_versus(study_dir, folders, studies):
         done = sorted(i for i in a if i in b)
         if not done:
             continue
-        rows.append([f"`{scheme_of(path.stem, spellings)}`", len(done), f"{sum(a[i]['correct'] for i in done)}/{len(done)}",
+        rows.append([f"`{scheme_of(path.stem, spellings)}`", len(done),
+                     f"{sum(a[i]['correct'] for i in done)}/{len(done)}",
                      f"{sum(b[i]['correct'] for i in done)}/{len(done)}"] +
-                    paired_row(a, b, done) +
-                    [f"{sum(a[i]['answer'] == b[i]['answer'] for i in done)}/{len(done)}",
-                     f"{sum(a[i]['predicted'] == b[i]['predicted'] for i in done)}/{len(done)}"])
+                    paired_row(a, b, done) + same_answers(a, b, done))
     if not rows:
         raise KeyError(f"block 'gsm8k_versus {folders}': no scheme answered in both")
     return table(["scheme", "problems", f"`{new}/`", f"`{old}/`", "only new right",

@@ -106,11 +106,12 @@ def render_same_answers(directory):
 
     lines = ["| answers A | answers B | same text |", "| --- | --- | ---: |"]
     for pair in open(os.path.join(directory, "pairs.txt")):
-        a, b = answers(pair.split()[0]), answers(pair.split()[1])
+        label_a, label_b = pair.split()
+        a, b = answers(label_a), answers(label_b)
         if a.keys() != b.keys():
-            sys.exit(f"ab_rounds_table: {directory}: {pair.strip()} answer different problems")
+            sys.exit(f"ab_rounds_table: {directory}: {label_a} {label_b} answer different problems")
         same = sum(a[i] == b[i] for i in a)
-        lines.append(f"| {pair.split()[0]} | {pair.split()[1]} | {same}/{len(a)} |")
+        lines.append(f"| {label_a} | {label_b} | {same}/{len(a)} |")
     return "\n".join(lines) + "\n"
 
 

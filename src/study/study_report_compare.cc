@@ -2,11 +2,13 @@
 // Every chart draws all models at once, each value tagged with its model,
 // from the same JSON fields the single-study report reads.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "study/study_gsm8k.h"
 #include "study/study_report_internal.h"
 #include "study/study_report_json.h"
 
@@ -362,7 +364,15 @@ StatusOr<MaybeChart> CompareLayers(const std::vector<json>& studies,
       std::move(spec)});
 }
 
-// One GSM8K accuracy per scheme of a study, if it ran the stage.
+// "24/50 problems": the count behind a rate, so a reader sees how much a
+// point can move (the intervals say it too, but not why).
+std::string CountText(double correct, double total, const char* unit) {
+  return std::to_string(std::llround(correct)) + "/" + std::to_string(std::llround(total)) + " " +
+         unit;
+}
+
+// One GSM8K accuracy per scheme of a study, if it ran the stage, with its
+// 95% Wilson interval and count.
 Status AppendGsm8k(const json& study, const std::string& label, json& values) {
   KVQ_ASSIGN_OR_RETURN(const json* gsm8k, ObjectMember(study, "gsm8k", ""));
   if (gsm8k == nullptr) return Status::Ok();
@@ -371,8 +381,19 @@ Status AppendGsm8k(const json& study, const std::string& label, json& values) {
     const std::string path = Index("gsm8k.schemes", j);
     KVQ_ASSIGN_OR_RETURN(std::string name, StringMember((*schemes)[j], "name", path));
     KVQ_ASSIGN_OR_RETURN(std::optional<double> acc, NumberMember((*schemes)[j], "accuracy", path));
-    values.push_back(
-        {{"model", label}, {"test", "GSM8K"}, {"scheme", name}, {"accuracy", NumberOrNull(acc)}});
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> correct,
+                         NumberMember((*schemes)[j], "correct", path));
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> problems,
+                         NumberMember((*schemes)[j], "problems", path));
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> low,
+                         NumberMember((*schemes)[j], "wilson95_low", path));
+    KVQ_ASSIGN_OR_RETURN(std::optional<double> high,
+                         NumberMember((*schemes)[j], "wilson95_high", path));
+    json point = {{"model", label},           {"test", "GSM8K"},
+                  {"scheme", name},           {"accuracy", NumberOrNull(acc)},
+                  {"low", NumberOrNull(low)}, {"high", NumberOrNull(high)}};
+    if (correct && problems) point["count"] = CountText(*correct, *problems, "problems");
+    values.push_back(std::move(point));
   }
   return Status::Ok();
 }
@@ -396,10 +417,15 @@ Status AppendNeedle(const json& study, const std::string& label, json& values) {
   for (const std::string& name : order) {
     const auto& [correct, trials] = tally[name];
     if (trials == 0) continue;
+    const auto [low, high] = WilsonInterval(correct, trials);
     values.push_back({{"model", label},
                       {"test", "needle (where f16 passes)"},
                       {"scheme", name},
-                      {"accuracy", static_cast<double>(correct) / trials}});
+                      {"accuracy", static_cast<double>(correct) / trials},
+                      {"low", low},
+                      {"high", high},
+                      {"count", CountText(static_cast<double>(correct), static_cast<double>(trials),
+                                          "trials")}});
   }
   return Status::Ok();
 }
@@ -415,28 +441,47 @@ StatusOr<MaybeChart> CompareTasks(const std::vector<json>& studies,
   json spec = BaseSpec();
   spec["data"] = {{"values", values}};
   spec["facet"] = {{"column", {{"field", "test"}, {"type", "nominal"}, {"title", nullptr}}}};
-  spec["spec"] = {
-      {"width", 300},
-      {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
-      {"encoding",
-       {{"y", {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
-        {"x",
-         {{"field", "accuracy"},
-          {"type", "quantitative"},
-          {"axis", {{"format", ".0%"}}},
-          {"scale", {{"domain", {0, 1}}}}}},
-        {"color", ModelField()},
-        {"shape", ModelField()},
-        {"tooltip", Tooltip({{"model", "nominal"},
-                             {"test", "nominal"},
-                             {"scheme", "nominal"},
-                             {"accuracy", "quantitative"}},
-                            ".1%")}}}};
+  // Models share a scheme's row, so each model's points and intervals sit
+  // at their own offset within it.
+  const json y = {{"field", "scheme"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}};
+  const json y_offset = {{"field", "model"}, {"type", "nominal"}};
+  const json x = {{"field", "accuracy"},
+                  {"type", "quantitative"},
+                  {"axis", {{"format", ".0%"}}},
+                  {"scale", {{"domain", {0, 1}}}}};
+  // One legend, the colours': the rule layer has no shape channel, so a
+  // shape legend would stand apart from it, in grey.
+  json point_shape = ModelField();
+  point_shape["legend"] = nullptr;
+  const json interval = {{"mark", {{"type", "rule"}, {"strokeWidth", 1.5}}},
+                         {"encoding",
+                          {{"y", y},
+                           {"yOffset", y_offset},
+                           {"x", {{"field", "low"}, {"type", "quantitative"}}},
+                           {"x2", {{"field", "high"}}},
+                           {"color", ModelField()}}}};
+  const json point = {{"mark", {{"type", "point"}, {"filled", true}, {"size", 60}}},
+                      {"encoding",
+                       {{"y", y},
+                        {"yOffset", y_offset},
+                        {"x", x},
+                        {"color", ModelField()},
+                        {"shape", point_shape},
+                        {"tooltip", Tooltip({{"model", "nominal"},
+                                             {"test", "nominal"},
+                                             {"scheme", "nominal"},
+                                             {"count", "nominal"},
+                                             {"accuracy", "quantitative"},
+                                             {"low", "quantitative"},
+                                             {"high", "quantitative"}},
+                                            ".1%")}}}};
+  spec["spec"] = {{"width", 300}, {"layer", {interval, point}}};
   return MaybeChart(StudyChart{
       "compare-tasks", "Exact recall and reasoning, model by model",
       "GSM8K accuracy per scheme, and the needle tests' exact-match rate over the (task, "
       "context) cells where the model's f16 cache answers at least 90% (the other schemes run "
-      "only there; a model with no such cell has no needle points), per model.",
+      "only there; a model with no such cell has no needle points), per model. Lines: 95% "
+      "Wilson intervals; the tooltip gives the count behind each point (problems or trials).",
       std::move(spec)});
 }
 

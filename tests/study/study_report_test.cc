@@ -16,6 +16,7 @@
 #include <string>
 
 #include "study/study.h"
+#include "study/study_gsm8k.h"
 
 namespace kvq {
 namespace {
@@ -457,6 +458,25 @@ TEST(StudyReport, ComparisonPutsModelsSideBySide) {
   }
   EXPECT_EQ(needle_rate.at("f16"), 1.0);
   EXPECT_NEAR(needle_rate.at("int4"), 285.0 / 300.0, 1e-12);  // the fixture's 15 cells
+  // Every point carries its count and a 95% Wilson interval around it: the
+  // study's own for GSM8K, computed from the pooled trials for the needle.
+  std::map<std::string, json> task_point;  // "test/scheme" of the second model
+  for (const json& v : by_id["compare-tasks"]["spec"]["data"]["values"]) {
+    EXPECT_LE(v["low"].get<double>(), v["accuracy"].get<double>()) << v.dump();
+    if (v["model"] == "other-model.gguf") {
+      EXPECT_LE(v["low"].get<double>(), v["accuracy"].get<double>()) << v.dump();
+      EXPECT_GE(v["high"].get<double>(), v["accuracy"].get<double>()) << v.dump();
+      task_point.emplace(v["test"].get<std::string>() + "/" + v["scheme"].get<std::string>(), v);
+    }
+  }
+  const json& needle_int4 = task_point.at("needle (where f16 passes)/int4");
+  EXPECT_EQ(needle_int4["count"], "285/300 trials");
+  const auto [low, high] = WilsonInterval(285, 300);
+  EXPECT_DOUBLE_EQ(needle_int4["low"].get<double>(), low);
+  EXPECT_DOUBLE_EQ(needle_int4["high"].get<double>(), high);
+  const json& gsm8k_kivi2 = task_point.at("GSM8K/kivi2");
+  EXPECT_EQ(gsm8k_kivi2["count"], "70/250 problems");
+  EXPECT_EQ(gsm8k_kivi2["low"], a["gsm8k"]["schemes"][1]["wilson95_low"]);
   json bad = b;
   bad["needle"]["per_task"][0]["f16_passing_contexts"][0] = "512";
   auto bad_html = RenderComparisonReportHtml({a, bad});

@@ -477,8 +477,14 @@ TEST(StudyGsm8kTest, ParsesReferencesAndLastNumbers) {
 TEST(StudyGsm8kTest, WilsonInterval) {
   const double z = 1.959963984540054;
   auto [lo0, hi0] = WilsonInterval(0, 3);
-  EXPECT_NEAR(lo0, 0.0, 1e-15);
   EXPECT_NEAR(hi0, z * z / (3 + z * z), 1e-12);
+  // The ends at 0/n and n/n are exact, so a rate of 100% lies inside its
+  // interval (the formula alone gives 0.9999999999999998 at 300/300).
+  for (int64_t n : {1, 3, 50, 250, 300, 1319}) {
+    EXPECT_EQ(WilsonInterval(0, n).first, 0.0) << n;
+    EXPECT_EQ(WilsonInterval(n, n).second, 1.0) << n;
+    EXPECT_NEAR(WilsonInterval(n, n).first, 1.0 - WilsonInterval(0, n).second, 1e-12) << n;
+  }
   auto [lo, hi] = WilsonInterval(5, 10);
   EXPECT_NEAR(lo + hi, 1.0, 1e-12);
   EXPECT_NEAR(lo, 0.2365931, 1e-6);  // the textbook value for 5/10

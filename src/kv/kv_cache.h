@@ -127,6 +127,14 @@ class KvCache {
     (void)seq, (void)tokens;
   }
 
+  // Why a sequence's attention here can depend on the other sequences the
+  // cache holds or held, or "" when it cannot (where blocks lie never matters:
+  // tests/kv/paged_cache_placement_test.cc). Batch-invariant serving
+  // (SchedulerOptions::batch_invariant) refuses a cache that gives a reason.
+  virtual std::string BatchInvarianceUnsupported() const {
+    return "the KV cache does not declare that its sequences are independent";
+  }
+
   // Bytes of cache storage currently in use (including any side data).
   virtual size_t BytesUsed() const = 0;
   virtual KvUsage Usage() const = 0;

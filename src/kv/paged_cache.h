@@ -61,6 +61,7 @@ class PagedKvCache final : public KvCache {
   KvUsage Usage() const override;
   const char* TypeName() const override { return type_name_.c_str(); }
   std::string PrefixCachingUnsupported() const override;
+  std::string BatchInvarianceUnsupported() const override;
   Status SetPrefixCaching(bool enabled) override;
   KvPrefixHit FindCachedPrefix(std::span<const int32_t> tokens, int64_t max_tokens) const override;
   Status AddSequenceWithPrefix(SeqId seq, std::span<const int32_t> tokens, int64_t reuse) override;

@@ -21,6 +21,21 @@ std::string PagedKvCache::PrefixCachingUnsupported() const {
   return "";
 }
 
+std::string PagedKvCache::BatchInvarianceUnsupported() const {
+  // Codecs that calibrate on the first rows they store (fp8's per-head
+  // scale) encode every later sequence with the first one's range.
+  for (const auto* codecs : {&k_codecs_, &v_codecs_}) {
+    for (const auto& codec : *codecs) {
+      if (codec->NeedsCalibration()) {
+        return "KV cache type " + type_name_ + " sets its " + codec->Name() +
+               " scales from the first rows it stores (the first request's prefill), so every "
+               "later request depends on which came first";
+      }
+    }
+  }
+  return "";
+}
+
 Status PagedKvCache::SetPrefixCaching(bool enabled) {
   if (!enabled) {
     if (prefix_ == nullptr) return Status::Ok();

@@ -41,6 +41,22 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(Transformer& model,
         "scheduler: max_num_seqs, max_num_batched_tokens, max_model_len and block_tokens must be "
         "positive");
   }
+  // A whole chunk must fit beside a full batch of decodes, or a prompt
+  // could wait for ever.
+  if (options.batch_invariant &&
+      (options.prefill_chunk < 1 ||
+       options.prefill_chunk > options.max_num_batched_tokens - options.max_num_seqs)) {
+    return Status::Error("scheduler: with batch invariance the prefill chunk (" +
+                         std::to_string(options.prefill_chunk) +
+                         ") must be at least 1 and at most max_num_batched_tokens - "
+                         "max_num_seqs (" +
+                         std::to_string(options.max_num_batched_tokens - options.max_num_seqs) +
+                         ")");
+  }
+  if (options.batch_invariant) {
+    const std::string why = cache.BatchInvarianceUnsupported();
+    if (!why.empty()) return Status::Error("batch invariance: " + why);
+  }
   auto scheduler = std::unique_ptr<Scheduler>(new Scheduler(model, tokenizer, cache, options));
   if (options.enable_prefix_caching) {
     const Status on = cache.SetPrefixCaching(true);
@@ -288,7 +304,11 @@ Scheduler::BatchPlan Scheduler::PlanBatch(StepReport* report) {
     const int64_t fits =
         (BlocksFor(s->computed) + free_blocks - s->cow_blocks) * options_.block_tokens -
         s->computed;
-    const int64_t n = std::min({remaining, budget, fits});
+    int64_t n = std::min({remaining, budget, fits});
+    if (options_.batch_invariant) {
+      n = InvariantChunk(*s);
+      if (n > budget || n > fits) continue;  // the whole chunk or nothing
+    }
     if (n < 1) continue;
     free_blocks -= BlocksFor(s->computed + n) - BlocksFor(s->computed) + s->cow_blocks;
     budget -= n;
@@ -299,6 +319,14 @@ Scheduler::BatchPlan Scheduler::PlanBatch(StepReport* report) {
     report->prompt_tokens += n;
   }
   return plan;
+}
+
+int64_t Scheduler::InvariantChunk(const Sequence& s) const {
+  const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
+  const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
+  if (s.computed >= prompt) return 1;  // generated tokens, as they were first decoded
+  const int64_t to_boundary = options_.prefill_chunk - s.computed % options_.prefill_chunk;
+  return std::min({remaining, prompt - s.computed, to_boundary});
 }
 
 void Scheduler::RemoveRunning(const std::vector<Sequence*>& ended) {
@@ -325,7 +353,9 @@ Status Scheduler::StepBatch(StepReport* report) {
   }
   report->batch_sequences = static_cast<int64_t>(plan.batch.size());
 
-  const Status status = model_.Forward(plan.batch, cache_, &logits_);
+  const Status status =
+      model_.Forward(plan.batch, cache_, &logits_, /*observer=*/nullptr,
+                     options_.batch_invariant ? BatchArith::kInvariant : BatchArith::kFastest);
   if (!status.ok()) {
     // The cache state of these sequences is unknown: end them.
     for (Sequence* s : plan.rows) Finish(*s, "error", status.message());

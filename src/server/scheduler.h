@@ -52,6 +52,19 @@ struct SchedulerOptions {
   // Share cached prompt prefixes (see above). Create turns it off, saying
   // why in prefix_caching_note(), when the cache cannot share exactly.
   bool enable_prefix_caching = true;
+  // Batch-invariant serving (vLLM's VLLM_BATCH_INVARIANT, SGLang's
+  // deterministic inference): a request's output, logprobs included, does
+  // not depend on what else is running, arrives, or was cached. Every
+  // product computes each row as it would alone (BatchArith::kInvariant); a
+  // prompt is cut at fixed positions, multiples of prefill_chunk, whatever
+  // the step's budget (a chunk that does not fit waits for a later step);
+  // and the tokens a preempted sequence had generated are recomputed one
+  // per step, as they were first computed. A chunk's position matters to
+  // caches with f16 windows (KIVI, GEAR, KVQuant): queries see the window as
+  // it is after their whole chunk was appended. Cost: the rowwise products
+  // (~1.3x a 64-row step, docs/benchmarks.md) and chunks that wait.
+  bool batch_invariant = false;
+  int64_t prefill_chunk = 256;  // with batch_invariant: <= max_num_batched_tokens - max_num_seqs
 };
 
 // What one step did, for metrics.
@@ -94,6 +107,7 @@ class Scheduler {
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   const SchedulerOptions& options() const { return options_; }
   bool prefix_caching() const { return options_.enable_prefix_caching; }
+  bool batch_invariant() const { return options_.batch_invariant; }
   // Why prefix caching was asked for but is off ("" otherwise).
   const std::string& prefix_caching_note() const { return prefix_caching_note_; }
 
@@ -147,6 +161,9 @@ class Scheduler {
   // Preempts the newest sequences until every decode's next block fits, then
   // fills the token budget: decodes first, then prefill chunks, oldest first.
   BatchPlan PlanBatch(StepReport* report);
+  // With batch invariance, the tokens `s` computes in its next prefill row:
+  // up to the next multiple of prefill_chunk within the prompt, then one.
+  int64_t InvariantChunk(const Sequence& s) const;
   // Erases these sequences from running_ (they are finished).
   void RemoveRunning(const std::vector<Sequence*>& ended);
   void DropCancelled();

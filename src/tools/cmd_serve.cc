@@ -45,6 +45,9 @@ struct ServeFlags {
   // back to off with a note, an explicit --enable-prefix-caching fails.
   bool enable_prefix_caching = true;
   bool prefix_caching_explicit = false;
+  // Off by default, as in vLLM (VLLM_BATCH_INVARIANT): it costs speed.
+  bool batch_invariant = false;
+  int64_t prefill_chunk = 256;
   KvFlags kv;
 };
 
@@ -154,6 +157,8 @@ int RunServe(const ServeFlags& flags) {
   scheduler_options.max_model_len = max_model_len;
   scheduler_options.block_tokens = kv_options->block_tokens;
   scheduler_options.enable_prefix_caching = flags.enable_prefix_caching;
+  scheduler_options.batch_invariant = flags.batch_invariant;
+  scheduler_options.prefill_chunk = flags.prefill_chunk;
   auto scheduler =
       Scheduler::Create(*loaded->transformer, *loaded->tokenizer, **cache, scheduler_options);
   if (!scheduler.ok()) return CommandError("serve", scheduler.status().message());
@@ -166,6 +171,10 @@ int RunServe(const ServeFlags& flags) {
                  (*scheduler)->prefix_caching_note().c_str());
   }
   const bool prefix_caching = (*scheduler)->prefix_caching();
+  const std::string invariance =
+      flags.batch_invariant
+          ? ", batch-invariant (prefill chunks of " + std::to_string(flags.prefill_chunk) + ")"
+          : "";
   EngineLoopOptions loop_options;
   loop_options.max_waiting = flags.max_waiting;
   EngineLoop engine(std::move(scheduler).value(), **cache, loop_options);
@@ -181,13 +190,14 @@ int RunServe(const ServeFlags& flags) {
   std::fprintf(stderr,
                "kvq serve: model '%s' (%s), KV cache %s: %lld blocks of %lld tokens (%.1f MiB), "
                "%lld blocks per sequence for f16 windows, max-model-len %lld, max-num-seqs %lld, "
-               "prefix caching %s\n",
+               "prefix caching %s%s\n",
                http_options->model_name.c_str(), loaded->path.c_str(), (*cache)->TypeName(),
                static_cast<long long>(usage.blocks_total),
                static_cast<long long>(usage.block_tokens),
                static_cast<double>(usage.bytes_reserved) / (1 << 20),
                static_cast<long long>(usage.sequence_blocks), static_cast<long long>(max_model_len),
-               static_cast<long long>(flags.max_num_seqs), prefix_caching ? "on" : "off");
+               static_cast<long long>(flags.max_num_seqs), prefix_caching ? "on" : "off",
+               invariance.c_str());
   ServeUntilSignalled(signals, flags, *port, http, engine);
   engine.Stop();
   std::fprintf(stderr, "kvq serve: stopped\n");
@@ -239,6 +249,16 @@ void RegisterServeCommand(CLI::App& app, CommandContext& ctx) {
       "--enable-prefix-caching,!--no-enable-prefix-caching", flags->enable_prefix_caching,
       "Share the KV blocks of common prompt prefixes copy-on-write, vLLM's automatic prefix "
       "caching (default on; off by itself, with a note, for cache types with f16 windows)");
+  CLI::Option* invariant = cmd->add_flag(
+      "--batch-invariant", flags->batch_invariant,
+      "Make each request's output, logprobs included, independent of the other requests "
+      "(vLLM's VLLM_BATCH_INVARIANT): every row computed as it would be alone, prompts cut into "
+      "chunks at fixed positions; slower (default off)");
+  cmd->add_option("--prefill-chunk", flags->prefill_chunk,
+                  "With --batch-invariant: prompt tokens per prefill chunk (default 256; at most "
+                  "--max-num-batched-tokens minus --max-num-seqs)")
+      ->needs(invariant)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, prefix, &ctx] {
     flags->prefix_caching_explicit = prefix->count() > 0 && flags->enable_prefix_caching;

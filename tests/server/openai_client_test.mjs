@@ -350,6 +350,36 @@ await test('32 concurrent streaming clients: each request completes or gets 429;
   console.log(`     completed ${completed}, rejected ${rejected}, preemptions ${m.value('kvq_num_preemptions_total')}`);
 });
 
+// --batch-invariant: the same request gets the same tokens and log
+// probabilities alone and amid concurrent requests that arrive around it,
+// take the batch and the small cache (preemptions), on a second server.
+await test('--batch-invariant: logprobs alone equal logprobs under load', async () => {
+  const inv = await startServer(['--batch-invariant', '--prefill-chunk', '16', '--kv-memory', '192K',
+    '--max-num-seqs', '4', '--max-waiting', '32']);
+  try {
+    assert.match(inv.stderr(), /batch-invariant \(prefill chunks of 16\)/);
+    const c = client(inv.base);
+    const req = { model: MODEL, prompt: 'The history of the city begins with a small river crossing, and',
+      max_tokens: 24, temperature: 0, logprobs: 3, ignore_eos: true };
+    const alone = await c.completions.create(req);
+    const others = (from, count) => Array.from({ length: count }, (_, i) => c.completions.create({
+      model: MODEL, prompt: `Visitor ${from + i} asks about ${'the weather '.repeat(1 + (i % 4))}`,
+      max_tokens: 16 + 8 * (i % 3), temperature: 0.8, seed: from + i, ignore_eos: true }));
+    const first = others(0, 5);
+    await new Promise((r) => setTimeout(r, 50));
+    const loaded = c.completions.create(req);
+    const later = others(5, 5);
+    const [underLoad] = await Promise.all([loaded, ...first, ...later]);
+    assert.equal(underLoad.choices[0].text, alone.choices[0].text);
+    assert.deepEqual(underLoad.choices[0].logprobs, alone.choices[0].logprobs);
+    const m = await drained(inv.base);
+    assert.ok(m.value('kvq_num_preemptions_total') > 0, 'the small cache forced preemptions');
+    console.log(`     preemptions ${m.value('kvq_num_preemptions_total')}`);
+  } finally {
+    inv.child.kill('SIGKILL');
+  }
+});
+
 await test('SIGTERM: running streams finish, then exit 0', async () => {
   const stream = await openai.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 40,
     stream: true, ignore_eos: true });

@@ -12,6 +12,7 @@ partial results: pairs whose files are missing are skipped).
                                           bench/serve_vs_llamacpp_table.mjs ROOT/NAME (node)
   bench/depth_table.py embed DOC ROOT prefix:NAME
                                           the same for serve_bench.sh's summary of ROOT/NAME/results.jsonl
+                                          (serve-bench:NAME likewise: the kind says what the run compares)
   bench/depth_table.py check DOC ROOT     every depth and serve block of DOC equals its rendering
   bench/depth_table.py --self-test ROOT   check fails on a stale block
 
@@ -89,10 +90,11 @@ def render_prefix(run_dir):
 
 
 def render_block(kind, path):
-    return {"serve": render_serve, "prefix": render_prefix}.get(kind, render)(path)
+    renderers = {"serve": render_serve, "prefix": render_prefix, "serve-bench": render_prefix}
+    return renderers.get(kind, render)(path)
 
 
-KINDS = ("depth", "serve", "prefix")
+KINDS = ("depth", "serve", "prefix", "serve-bench")
 
 
 def render_named(root):

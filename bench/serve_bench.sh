@@ -24,6 +24,9 @@
 #     --prefix-caching LIST on, off or on,off: runs each type with --enable-prefix-caching /
 #                           --no-enable-prefix-caching (default: on); with both, each row is
 #                           labelled TYPE/prefix-on or TYPE/prefix-off
+#     --batch-invariant LIST off, on or off,on: runs each type without / with
+#                           --batch-invariant (default: off); with both, rows are
+#                           labelled TYPE/variable and TYPE/invariant
 #     --results FILE        keep the JSON lines of every level (default: a temporary file)
 #     --dry-run 1           only start each type's server and print what the budget
 #                           admits (to choose --kv-memory); no load
@@ -53,6 +56,7 @@ results=
 dry_run=0
 shared_prefix=
 prefix_modes=on
+invariant_modes=off
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2 ;;
@@ -69,6 +73,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry_run=$2 ;;
     --shared-prefix) shared_prefix=$2 ;;
     --prefix-caching) prefix_modes=$2 ;;
+    --batch-invariant) invariant_modes=$2 ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -107,11 +112,18 @@ header=1
 failed=0
 baseline=
 declare -a admitted=()
-for run in $(for d in ${dtypes//,/ }; do for m in ${prefix_modes//,/ }; do echo "$d,$m"; done; done); do
-  dtype=${run%,*}
-  mode=${run#*,}
+# Every (type, prefix mode, invariance) in turn; with both invariance modes,
+# each type's two runs are adjacent, so their ratio is taken minutes apart.
+for run in $(for d in ${dtypes//,/ }; do for m in ${prefix_modes//,/ }; do
+  for i in ${invariant_modes//,/ }; do echo "$d,$m,$i"; done; done; done); do
+  IFS=, read -r dtype mode invariant <<< "$run"
   label=$dtype
   [ "$prefix_modes" = on ] || label="$dtype/prefix-$mode"
+  invariant_flag=
+  [ "$invariant" = off ] || invariant_flag=--batch-invariant
+  if [ "$invariant_modes" != off ]; then
+    if [ "$invariant" = on ]; then label="$label/invariant"; else label="$label/variable"; fi
+  fi
   prefix_flag=--enable-prefix-caching
   [ "$mode" = on ] || prefix_flag=--no-enable-prefix-caching
   # A type with f16 windows cannot share prefixes: let the default say so.
@@ -120,11 +132,12 @@ for run in $(for d in ${dtypes//,/ }; do for m in ${prefix_modes//,/ }; do echo 
   err=$log_dir/${label//\//_}.err
   "$kvq" serve -m "$model" --port 0 -t "$threads" --kv-cache-dtype "$dtype" --kv-memory "$memory" \
     --max-model-len "$max_model_len" --max-num-seqs "$max_num_seqs" --max-waiting 1024 \
-    $prefix_flag --served-model-name bench > "$out" 2> "$err" &
+    $prefix_flag $invariant_flag --served-model-name bench > "$out" 2> "$err" &
   server_pid=$!
   port=
   while :; do
-    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$out")
+    # (the server opens $out itself: until then there is nothing to read)
+    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$out" 2>/dev/null || true)
     [ -n "$port" ] && break
     kill -0 "$server_pid" 2>/dev/null || break
     sleep 0.1

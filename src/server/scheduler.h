@@ -61,8 +61,9 @@ struct SchedulerOptions {
   // and the tokens a preempted sequence had generated are recomputed one
   // per step, as they were first computed. A chunk's position matters to
   // caches with f16 windows (KIVI, GEAR, KVQuant): queries see the window as
-  // it is after their whole chunk was appended. Cost: the rowwise products
-  // (~1.3x a 64-row step, docs/benchmarks.md) and chunks that wait.
+  // it is after their whole chunk was appended. Cost: the rowwise products,
+  // mostly in prefill (docs/benchmarks.md, "kvq serve --batch-invariant"),
+  // and chunks that wait.
   bool batch_invariant = false;
   int64_t prefill_chunk = 256;  // with batch_invariant: <= max_num_batched_tokens - max_num_seqs
 };

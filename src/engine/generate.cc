@@ -1,5 +1,6 @@
 #include "engine/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -59,6 +60,27 @@ StatusOr<std::vector<int32_t>> BuildPrompt(const LoadedModel& model, const std::
   return ids;
 }
 
+namespace {
+
+// The whole prompt in one Forward, or, batch-invariant, in the server's
+// chunks (Scheduler::InvariantChunk); logits: the last token's.
+Status Prefill(Transformer& transformer, KvCache& cache, SeqId seq,
+               const std::vector<int32_t>& prompt, const GenerateOptions& options,
+               std::vector<float>* logits) {
+  if (!options.batch_invariant) return transformer.Forward({{seq, prompt, false}}, cache, logits);
+  if (options.prefill_chunk < 1) return Status::Error("the prefill chunk must be at least 1");
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  for (int64_t begin = 0; begin < n; begin += options.prefill_chunk) {
+    const int64_t end = std::min(n, begin + options.prefill_chunk);
+    std::vector<int32_t> chunk(prompt.begin() + begin, prompt.begin() + end);
+    KVQ_RETURN_IF_ERROR(transformer.Forward({{seq, std::move(chunk), false}}, cache, logits,
+                                            /*observer=*/nullptr, BatchArith::kInvariant));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Generate(LoadedModel& model, KvCache& cache, const std::string& prompt,
                 const GenerateOptions& options,
                 const std::function<void(std::string_view)>& on_text, GenerateStats* stats) {
@@ -90,8 +112,9 @@ Status Generate(LoadedModel& model, KvCache& cache, const std::string& prompt,
   local.weight_bytes_per_token = transformer.WeightBytesPerToken();
   std::vector<float> logits;
   Sampler sampler(options.sampling);
+  const BatchArith arith = options.batch_invariant ? BatchArith::kInvariant : BatchArith::kFastest;
   auto start = std::chrono::steady_clock::now();
-  KVQ_RETURN_IF_ERROR(transformer.Forward({{seq, prompt_ids, false}}, cache, &logits));
+  KVQ_RETURN_IF_ERROR(Prefill(transformer, cache, seq, prompt_ids, options, &logits));
   local.prefill_seconds = SecondsSince(start);
 
   std::string pending;  // decoded bytes not yet emitted (incomplete UTF-8)
@@ -117,7 +140,8 @@ Status Generate(LoadedModel& model, KvCache& cache, const std::string& prompt,
       break;
     }
     kv_bytes_read += static_cast<double>(cache.BytesUsed());
-    KVQ_RETURN_IF_ERROR(transformer.Forward({{seq, {next}, false}}, cache, &logits));
+    KVQ_RETURN_IF_ERROR(
+        transformer.Forward({{seq, {next}, false}}, cache, &logits, /*observer=*/nullptr, arith));
   }
   if (!pending.empty() && on_text) on_text(pending);
   local.decode_seconds = SecondsSince(start);

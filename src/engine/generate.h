@@ -20,6 +20,11 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool chat = false;  // wrap the prompt as one user turn with the model's chat template
   bool stop_at_eos = true;
+  // The arithmetic of `kvq serve --batch-invariant` (SchedulerOptions): every
+  // product rowwise, the prompt prefilled in chunks that end at multiples of
+  // prefill_chunk, so the output is the one that server gives.
+  bool batch_invariant = false;
+  int64_t prefill_chunk = 256;  // with batch_invariant
 };
 
 struct GenerateStats {

@@ -26,6 +26,8 @@ struct GenerateFlags {
   int threads = 0;
   int poll_us = 0;  // set by AddPollFlag
   int64_t context = 0;
+  bool batch_invariant = false;
+  int64_t prefill_chunk = 256;
   KvFlags kv;
 };
 
@@ -60,6 +62,8 @@ int RunGenerate(const GenerateFlags& flags) {
   options.sampling.top_k = flags.top_k;
   options.sampling.top_p = flags.top_p;
   options.sampling.seed = flags.seed;
+  options.batch_invariant = flags.batch_invariant;
+  options.prefill_chunk = flags.prefill_chunk;
   GenerateStats stats;
   if (!flags.chat) std::fputs(flags.prompt.c_str(), stdout);
   Status status = Generate(
@@ -127,6 +131,14 @@ void RegisterGenerateCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("-c,--ctx", flags->context,
                   "Context length in tokens (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
+  CLI::Option* invariant = cmd->add_flag(
+      "--batch-invariant", flags->batch_invariant,
+      "The arithmetic of kvq serve --batch-invariant (rowwise products, the prompt in chunks "
+      "ending at multiples of --prefill-chunk), so the output is that server's");
+  cmd->add_option("--prefill-chunk", flags->prefill_chunk,
+                  "With --batch-invariant: prompt tokens per chunk (default 256, as kvq serve)")
+      ->needs(invariant)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   AddKvCacheFlags(*cmd, &flags->kv);
   cmd->callback([flags, &ctx] { ctx.exit_code = RunGenerate(*flags); });
 }

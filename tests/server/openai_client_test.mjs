@@ -372,6 +372,14 @@ await test('--batch-invariant: logprobs alone equal logprobs under load', async 
     const [underLoad] = await Promise.all([loaded, ...first, ...later]);
     assert.equal(underLoad.choices[0].text, alone.choices[0].text);
     assert.deepEqual(underLoad.choices[0].logprobs, alone.choices[0].logprobs);
+    // kvq generate with the same arithmetic gives the server's greedy answer
+    // (a prompt of several chunks, past the 32 rows where the GEMM would start).
+    const long = `${req.prompt} ${req.prompt} ${req.prompt} ${req.prompt}`;
+    const plain = await c.completions.create({ model: MODEL, prompt: long, max_tokens: 24, temperature: 0 });
+    assert.ok(plain.usage.prompt_tokens > 40, `${plain.usage.prompt_tokens} prompt tokens`);
+    const out = execFileSync(kvq, ['generate', '-m', modelDir, '-p', long, '-n', '24', '-t', THREADS,
+      '--batch-invariant', '--prefill-chunk', '16'], { stdio: ['ignore', 'pipe', 'ignore'] }).toString();
+    assert.equal(out, long + plain.choices[0].text + '\n');
     const m = await drained(inv.base);
     assert.ok(m.value('kvq_num_preemptions_total') > 0, 'the small cache forced preemptions');
     console.log(`     preemptions ${m.value('kvq_num_preemptions_total')}`);

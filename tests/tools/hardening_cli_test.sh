@@ -56,6 +56,16 @@ expect_error "serve -t 100000" "threads" "$KVQ" serve -m "$MODEL" --port 0 -t 10
 expect_error "generate --temp nan" "finite" "$KVQ" generate -m "$MODEL" -p hi -n 1 --temp nan
 expect_error "generate --top-p inf" "finite" "$KVQ" generate -m "$MODEL" -p hi -n 1 --top-p inf
 expect_error "serve --shutdown-timeout nan" "finite" "$KVQ" serve -m "$MODEL" --port 0 --shutdown-timeout nan
+# --batch-invariant: a chunk that cannot fit beside a full batch, a chunk
+# without the mode, and a cache whose fp8 scales the first request sets.
+expect_error "serve --prefill-chunk 500" "at most max_num_batched_tokens - max_num_seqs (496)" \
+  "$KVQ" serve -m "$MODEL" --port 0 -t 1 --batch-invariant --prefill-chunk 500
+expect_error "serve --prefill-chunk alone" "requires --batch-invariant" \
+  "$KVQ" serve -m "$MODEL" --port 0 -t 1 --prefill-chunk 64
+expect_error "serve --batch-invariant fp8" "scales from the first rows it stores" \
+  "$KVQ" serve -m "$MODEL" --port 0 -t 1 --batch-invariant --kv-cache-dtype fp8_e4m3
+expect_error "generate --prefill-chunk 0" "prefill-chunk" \
+  "$KVQ" generate -m "$MODEL" -p hi -n 1 -t 1 --batch-invariant --prefill-chunk 0
 # --simd-target: an unknown target is refused; a cap takes effect whether it
 # comes before or after the subcommand. The cap is the worst target on offer
 # (SCALAR in make test's build; the sanitizer build compiles only this CPU's).

@@ -61,18 +61,7 @@ class BatchInvariantTest : public TinyServerModelTest {
     if (IsSkipped()) return;
     ASSERT_NO_FATAL_FAILURE(LoadTinyModel(2));
   }
-  // `n` token ids of the fixture text starting at word `offset`.
-  std::vector<int32_t> Tokens(size_t n, int offset) {
-    std::string text;
-    for (int i = 0; text.size() < 8 * n; ++i) {
-      text += "item" + std::to_string(offset * 1000 + i) + " then, ";
-    }
-    auto ids = BuildPrompt(model_, text, false);
-    EXPECT_TRUE(ids.ok());
-    EXPECT_GE(ids->size(), n);
-    ids->resize(n);
-    return *ids;
-  }
+  std::vector<int32_t> Tokens(size_t n, int offset) { return FixtureTokens(model_, n, offset); }
   std::unique_ptr<KvCache> NewCache(const std::string& type, int64_t blocks) {
     KvCacheOptions options;
     options.k_type = options.v_type = type;
@@ -86,7 +75,7 @@ class BatchInvariantTest : public TinyServerModelTest {
     EXPECT_TRUE(cache.ok()) << cache.status().message();
     return cache.ok() ? std::move(cache).value() : nullptr;
   }
-  std::unique_ptr<Scheduler> NewScheduler(KvCache& cache, bool invariant, int64_t chunk = kChunk) {
+  static SchedulerOptions Options(bool invariant, int64_t chunk = kChunk) {
     SchedulerOptions options;
     options.max_num_seqs = 4;
     options.max_num_batched_tokens = 64;  // a chunk of 40 fits beside 4 decodes, not two chunks
@@ -94,7 +83,11 @@ class BatchInvariantTest : public TinyServerModelTest {
     options.block_tokens = kBlockTokens;
     options.batch_invariant = invariant;
     options.prefill_chunk = chunk;
-    auto s = Scheduler::Create(*model_.transformer, *model_.tokenizer, cache, options);
+    return options;
+  }
+  std::unique_ptr<Scheduler> NewScheduler(KvCache& cache, bool invariant, int64_t chunk = kChunk) {
+    auto s =
+        Scheduler::Create(*model_.transformer, *model_.tokenizer, cache, Options(invariant, chunk));
     EXPECT_TRUE(s.ok()) << s.status().message();
     return s.ok() ? std::move(s).value() : nullptr;
   }
@@ -219,13 +212,7 @@ TEST_F(BatchInvariantTest, OutputDoesNotDependOnTheLoad) {
 // depends on which came first: batch invariance refuses them and says why.
 TEST_F(BatchInvariantTest, RefusesCachesCalibratedByTheFirstRequest) {
   auto cache = NewCache("fp8_e4m3", 32);
-  SchedulerOptions options;
-  options.max_num_seqs = 4;
-  options.max_num_batched_tokens = 64;
-  options.max_model_len = 256;
-  options.block_tokens = kBlockTokens;
-  options.batch_invariant = true;
-  options.prefill_chunk = kChunk;
+  SchedulerOptions options = Options(true);
   auto s = Scheduler::Create(*model_.transformer, *model_.tokenizer, *cache, options);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("batch invariance: KV cache type fp8_e4m3 sets its "
@@ -239,12 +226,7 @@ TEST_F(BatchInvariantTest, RefusesCachesCalibratedByTheFirstRequest) {
 // A chunk must fit beside a full batch of decodes.
 TEST_F(BatchInvariantTest, ChunkMustFitTheBudget) {
   auto cache = NewCache("f16", 32);
-  SchedulerOptions options;
-  options.max_num_seqs = 4;
-  options.max_num_batched_tokens = 64;
-  options.max_model_len = 256;
-  options.block_tokens = kBlockTokens;
-  options.batch_invariant = true;
+  SchedulerOptions options = Options(true);
   for (int64_t chunk : {0, 61, 64}) {
     options.prefill_chunk = chunk;
     auto s = Scheduler::Create(*model_.transformer, *model_.tokenizer, *cache, options);

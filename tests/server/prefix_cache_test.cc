@@ -60,18 +60,7 @@ class PrefixCacheTest : public TinyServerModelTest {
     // 40 tokens each (>= 32, see the top of the file).
     system_ = Tokens(72, 0);
   }
-  // `n` token ids of the fixture text starting at word `offset`.
-  std::vector<int32_t> Tokens(size_t n, int offset) {
-    std::string text;
-    for (int i = 0; text.size() < 8 * n; ++i) {
-      text += "word" + std::to_string(offset * 1000 + i) + " and more, ";
-    }
-    auto ids = BuildPrompt(model_, text, false);
-    EXPECT_TRUE(ids.ok());
-    EXPECT_GE(ids->size(), n);
-    ids->resize(n);
-    return *ids;
-  }
+  std::vector<int32_t> Tokens(size_t n, int offset) { return FixtureTokens(model_, n, offset); }
   std::vector<int32_t> WithSystem(int user) {
     std::vector<int32_t> p = system_;
     const std::vector<int32_t> turn = Tokens(40, user + 1);

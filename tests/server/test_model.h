@@ -2,9 +2,13 @@
 // vocabulary (tests skip when scripts/setup.sh has not fetched it).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "engine/generate.h"
 #include "kv/kv_factory.h"
 #include "tiny_model.h"
 
@@ -29,6 +33,21 @@ class TinyServerModelTest : public test_util::TinyModelTest {
 
   std::unique_ptr<KvCache> cache_;
 };
+
+// `n` token ids of a fixture text ("word<offset*1000 + i> and more, ..."):
+// distinct offsets give prompts that differ from their first token.
+inline std::vector<int32_t> FixtureTokens(const LoadedModel& model, size_t n, int offset) {
+  std::string text;
+  for (int i = 0; text.size() < 8 * n; ++i) {
+    text += "word" + std::to_string(offset * 1000 + i) + " and more, ";
+  }
+  auto ids = BuildPrompt(model, text, false);
+  EXPECT_TRUE(ids.ok());
+  if (!ids.ok()) return {};
+  EXPECT_GE(ids->size(), n);
+  ids->resize(n);
+  return *ids;
+}
 
 // A sample's value from the server's Prometheus text ("name value" line),
 // or -1 when the sample is absent.

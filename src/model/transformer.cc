@@ -189,8 +189,12 @@ Status Transformer::FlattenBatch(const std::vector<BatchSequence>& batch, const 
   act_.tokens.clear();
   act_.positions.clear();
   act_.output_rows.clear();
+  act_.segments.clear();
+  act_.output_segments.clear();
   for (const BatchSequence& s : batch) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
+    act_.segments.push_back(n);
+    act_.output_segments.push_back(s.all_logits ? n : 1);
     if (n == 0) return Status::Error("sequence " + std::to_string(s.seq) + " has no tokens");
     if (n > cache.Capacity(s.seq)) {
       return Status::Error("sequence " + std::to_string(s.seq) + ": " + std::to_string(n) +
@@ -233,9 +237,9 @@ Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequenc
   std::vector<float>& attn = act_.attn;    // [T, num_heads, head_dim]
 
   ops::RmsNorm(x.data(), w.attn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-  Product(w.attn_q, xn.data(), T, q.data());
-  Product(w.attn_k, xn.data(), T, k_pre.data());
-  Product(w.attn_v, xn.data(), T, v.data());
+  Product(w.attn_q, xn.data(), T, q.data(), act_.segments);
+  Product(w.attn_k, xn.data(), T, k_pre.data(), act_.segments);
+  Product(w.attn_v, xn.data(), T, v.data(), act_.segments);
   if (!w.q_bias.empty()) ops::AddBias(w.q_bias.data(), T, q_dim, q.data());
   if (!w.k_bias.empty()) ops::AddBias(w.k_bias.data(), T, kv_dim, k_pre.data());
   if (!w.v_bias.empty()) ops::AddBias(w.v_bias.data(), T, kv_dim, v.data());
@@ -258,7 +262,7 @@ Status Transformer::AttentionBlock(int64_t layer, const std::vector<BatchSequenc
                                      attn.data() + offset * q_dim));
     offset += n;
   }
-  Product(w.attn_output, attn.data(), T, xn.data());
+  Product(w.attn_output, attn.data(), T, xn.data(), act_.segments);
   AddInPlace(xn.data(), T * hidden, x.data());
   return Status::Ok();
 }
@@ -274,10 +278,10 @@ void Transformer::FeedForwardBlock(int64_t layer) {
   std::vector<float>& gate = act_.gate;  // [T, intermediate]
   std::vector<float>& up = act_.up;      // [T, intermediate]
   ops::RmsNorm(x.data(), w.ffn_norm.data(), T, hidden, c.rms_norm_eps, xn.data());
-  Product(w.ffn_gate, xn.data(), T, gate.data());
-  Product(w.ffn_up, xn.data(), T, up.data());
+  Product(w.ffn_gate, xn.data(), T, gate.data(), act_.segments);
+  Product(w.ffn_up, xn.data(), T, up.data(), act_.segments);
   ops::SwiGlu(gate.data(), up.data(), T * c.intermediate_size, gate.data());
-  Product(w.ffn_down, gate.data(), T, xn.data());
+  Product(w.ffn_down, gate.data(), T, xn.data(), act_.segments);
   AddInPlace(xn.data(), T * hidden, x.data());
 }
 
@@ -294,14 +298,27 @@ void Transformer::OutputHead(std::vector<float>* logits) {
   }
   ops::RmsNorm(rows.data(), weights_.output_norm.data(), R, hidden, c.rms_norm_eps, rows.data());
   logits->resize(static_cast<size_t>(R * c.vocab_size));
-  Product(weights_.output, rows.data(), R, logits->data());
+  Product(weights_.output, rows.data(), R, logits->data(), act_.output_segments);
 }
 
-void Transformer::Product(const ops::WeightView& w, const float* x, int64_t n, float* y) {
-  if (batch_arith_ == BatchArith::kInvariant) {
-    ops::MatmulRowwise(w, x, n, y, *pool_, &workspace_, arith_);
-  } else {
-    ops::Matmul(w, x, n, y, *pool_, &workspace_, arith_);
+void Transformer::Product(const ops::WeightView& w, const float* x, int64_t n, float* y,
+                          const std::vector<int64_t>& segments) {
+  if (batch_arith_ == BatchArith::kFastest) {
+    return ops::Matmul(w, x, n, y, *pool_, &workspace_, arith_);
+  }
+  int64_t row = 0;  // first row of the current call
+  for (size_t i = 0; i < segments.size();) {
+    const float* xr = x + row * w.cols;
+    float* yr = y + row * w.rows;
+    if (segments[i] == 1) {  // a run of one-token sequences: rowwise together
+      int64_t run = 0;
+      for (; i < segments.size() && segments[i] == 1; ++i) ++run;
+      ops::MatmulRowwise(w, xr, run, yr, *pool_, &workspace_, arith_);
+      row += run;
+    } else {  // a longer sequence: its own product, as it alone would run it
+      ops::Matmul(w, xr, segments[i], yr, *pool_, &workspace_, arith_);
+      row += segments[i++];
+    }
   }
 }
 

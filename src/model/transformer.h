@@ -66,11 +66,13 @@ struct KvObserver {
 struct ForwardActivations {
   std::vector<int32_t> tokens, positions;  // [T]
   std::vector<int64_t> output_rows;        // rows whose logits are returned
-  std::vector<float> x, xn;                // [T, hidden]
-  std::vector<float> q, attn;              // [T, num_heads * head_dim]
-  std::vector<float> k_pre, k, v;          // [T, num_kv_heads * head_dim]
-  std::vector<float> gate, up;             // [T, intermediate]
-  std::vector<float> rows;                 // [logit rows, hidden]
+  // Rows per sequence, in batch order: of the T tokens, and of the logit rows.
+  std::vector<int64_t> segments, output_segments;
+  std::vector<float> x, xn;        // [T, hidden]
+  std::vector<float> q, attn;      // [T, num_heads * head_dim]
+  std::vector<float> k_pre, k, v;  // [T, num_kv_heads * head_dim]
+  std::vector<float> gate, up;     // [T, intermediate]
+  std::vector<float> rows;         // [logit rows, hidden]
   void Resize(int64_t T, int64_t hidden, int64_t q_dim, int64_t kv_dim, int64_t ffn) {
     for (const auto& [buffer, width] :
          std::initializer_list<std::pair<std::vector<float>*, int64_t>>{{&x, hidden},
@@ -92,10 +94,13 @@ enum class BatchArith : uint8_t {
   // ops::Matmul's choice by the call's row count: fastest, but a sequence's
   // results depend (by rounding) on how many rows share its step.
   kFastest,
-  // ops::MatmulRowwise: every row computed as it would be alone, so a
-  // sequence's logits do not depend on which sequences share its steps
-  // (a batched greedy answer equals the one decoded alone). Slower than
-  // kFastest only for products of at least ops::PackedMinTokens rows.
+  // Every sequence's rows computed as that sequence alone computes them, so
+  // its logits do not depend on which sequences share its steps (a batched
+  // greedy answer equals the one decoded alone): a run of one-token
+  // sequences goes through one ops::MatmulRowwise (each row as it would be
+  // alone), a longer sequence through its own ops::Matmul. Slower than
+  // kFastest where many one-token rows would have taken the packed GEMM
+  // together, and where several prompts share a step (one call each).
   kInvariant,
 };
 
@@ -133,8 +138,10 @@ class Transformer {
                         const KvObserver* observer);
   void FeedForwardBlock(int64_t layer);
   void OutputHead(std::vector<float>* logits);
-  // y[n, w.rows] = x[n, w.cols] · Wᵀ under arith_ and batch_arith_.
-  void Product(const ops::WeightView& w, const float* x, int64_t n, float* y);
+  // y[n, w.rows] = x[n, w.cols] · Wᵀ under arith_ and batch_arith_; the n
+  // rows are the sequences' `segments` (act_.segments or .output_segments).
+  void Product(const ops::WeightView& w, const float* x, int64_t n, float* y,
+               const std::vector<int64_t>& segments);
 
   ModelFiles files_;
   TransformerWeights weights_;

@@ -163,7 +163,15 @@ void Scheduler::Admit() {
     const int64_t size = static_cast<int64_t>(s.tokens.size());
     // The last token always runs: its logits give the next token.
     KvPrefixHit hit;
-    if (options_.enable_prefix_caching) hit = cache_.FindCachedPrefix(s.tokens, size - 1);
+    if (options_.enable_prefix_caching) {
+      hit = cache_.FindCachedPrefix(s.tokens, size - 1);
+      // Batch-invariant: resume only where the sequence's own chunks end,
+      // so every chunk it computes is the one it computes alone.
+      if (options_.batch_invariant && hit.tokens > 0) {
+        const int64_t boundary = InvariantResumePoint(s, hit.tokens);
+        if (boundary != hit.tokens) hit = cache_.FindCachedPrefix(s.tokens, boundary);
+      }
+    }
     int64_t cow = hit.tokens % bt != 0 ? 1 : 0;
     // New blocks, the copy of a partly used cached block, the f16 windows'
     // blocks a sequence takes when it starts, and the idle cached blocks it
@@ -319,6 +327,12 @@ Scheduler::BatchPlan Scheduler::PlanBatch(StepReport* report) {
     report->prompt_tokens += n;
   }
   return plan;
+}
+
+int64_t Scheduler::InvariantResumePoint(const Sequence& s, int64_t cached) const {
+  const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
+  if (cached >= prompt) return cached;  // generated tokens: one per chunk
+  return cached / options_.prefill_chunk * options_.prefill_chunk;
 }
 
 int64_t Scheduler::InvariantChunk(const Sequence& s) const {

@@ -54,16 +54,19 @@ struct SchedulerOptions {
   bool enable_prefix_caching = true;
   // Batch-invariant serving (vLLM's VLLM_BATCH_INVARIANT, SGLang's
   // deterministic inference): a request's output, logprobs included, does
-  // not depend on what else is running, arrives, or was cached. Every
-  // product computes each row as it would alone (BatchArith::kInvariant); a
-  // prompt is cut at fixed positions, multiples of prefill_chunk, whatever
-  // the step's budget (a chunk that does not fit waits for a later step);
-  // and the tokens a preempted sequence had generated are recomputed one
-  // per step, as they were first computed. A chunk's position matters to
-  // caches with f16 windows (KIVI, GEAR, KVQuant): queries see the window as
-  // it is after their whole chunk was appended. Cost: the rowwise products,
-  // mostly in prefill (docs/benchmarks.md, "kvq serve --batch-invariant"),
-  // and chunks that wait.
+  // not depend on what else is running, arrives, or was cached. Each
+  // sequence's rows are multiplied as that sequence alone would multiply
+  // them (BatchArith::kInvariant: its prompt chunk as one matrix, decode
+  // rows each as alone); a prompt is cut at fixed positions, multiples of
+  // prefill_chunk, whatever the step's budget (a chunk that does not fit
+  // waits); a sequence resumes from cached blocks only where its own chunks
+  // end; and the tokens a preempted sequence had generated are recomputed
+  // one per step, as they were first computed. Chunk positions matter twice:
+  // a chunk's length picks its product's kernel (the packed GEMM from 32
+  // rows), and caches with f16 windows (KIVI, GEAR, KVQuant) show a query
+  // the window as it is after its whole chunk. Cost: decode rows that would
+  // have shared the packed GEMM, and chunks that wait (docs/benchmarks.md,
+  // "kvq serve --batch-invariant").
   bool batch_invariant = false;
   int64_t prefill_chunk = 256;  // with batch_invariant: <= max_num_batched_tokens - max_num_seqs
 };
@@ -165,6 +168,9 @@ class Scheduler {
   // With batch invariance, the tokens `s` computes in its next prefill row:
   // up to the next multiple of prefill_chunk within the prompt, then one.
   int64_t InvariantChunk(const Sequence& s) const;
+  // With batch invariance, the last chunk end of `s` at or before `cached`
+  // tokens: where a sequence may resume from cached blocks.
+  int64_t InvariantResumePoint(const Sequence& s, int64_t cached) const;
   // Erases these sequences from running_ (they are finished).
   void RemoveRunning(const std::vector<Sequence*>& ended);
   void DropCancelled();

@@ -1,8 +1,9 @@
 // Transformer::Forward's BatchArith on a decode step shared by more
-// sequences than ops::kPackedMinTokens: kInvariant gives each sequence the
-// logits it gets decoded alone, bit for bit; kFastest (the packed GEMM at
-// that row count) rounds differently, which is why the study's batched
-// answers decode under kInvariant.
+// sequences than ops::kPackedMinTokens, and on a step mixing decodes with
+// prompt chunks (a server's step): kInvariant gives each sequence the logits
+// it gets alone, bit for bit; kFastest (the packed GEMM at the step's row
+// count) rounds differently, which is why the study's batched answers
+// decode under kInvariant.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -71,6 +72,47 @@ TEST_F(BatchArithTest, InvariantDecodeStepEqualsEachSequenceAlone) {
   ASSERT_EQ(fastest.size(), alone.size());
   // Not bit for bit: otherwise this test could not tell the two apart.
   EXPECT_NE(fastest, alone);
+}
+
+// A server's step: decodes of some sequences, prompt chunks of others (of
+// 40 tokens, where a chunk alone takes the packed GEMM, and of 5, where it
+// does not), with all logits for one of them. Each sequence gets what it
+// gets alone, whether its rows come first, between or after the others.
+TEST_F(BatchArithTest, InvariantMixedStepEqualsEachSequenceAlone) {
+  std::mt19937 rng(23);
+  const int32_t vocab = static_cast<int32_t>(model_.transformer->config().vocab_size);
+  auto tokens = [&](size_t n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& id : t) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+    return t;
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < 8; ++s) prompts.push_back(tokens(4 + s % 3));
+  // seq 0-3 decode, 4 and 5 continue with chunks of 40 and 5, 6 decodes, 7
+  // continues with 12 tokens and wants every row's logits.
+  std::vector<BatchSequence> step = {
+      {0, tokens(1), false}, {1, tokens(1), false}, {4, tokens(40), false}, {2, tokens(1), false},
+      {3, tokens(1), false}, {5, tokens(5), false}, {6, tokens(1), false},  {7, tokens(12), true}};
+  const int64_t vocab_size = vocab;
+  std::vector<float> alone;  // logit rows in batch order
+  {
+    auto cache = Prefilled(prompts);
+    std::vector<float> logits;
+    for (const BatchSequence& one : step) {
+      ASSERT_TRUE(model_.transformer->Forward({one}, *cache, &logits).ok());
+      alone.insert(alone.end(), logits.begin(), logits.end());
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(alone.size()), (7 + 12) * vocab_size);
+  std::vector<float> invariant, fastest;
+  auto cache = Prefilled(prompts);
+  ASSERT_TRUE(
+      model_.transformer->Forward(step, *cache, &invariant, nullptr, BatchArith::kInvariant).ok());
+  EXPECT_EQ(invariant, alone);
+  auto other = Prefilled(prompts);
+  ASSERT_TRUE(model_.transformer->Forward(step, *other, &fastest).ok());
+  ASSERT_EQ(fastest.size(), alone.size());
+  EXPECT_NE(fastest, alone);  // 64 rows take the packed GEMM together
 }
 
 }  // namespace

@@ -63,15 +63,15 @@ StatusOr<std::vector<int32_t>> BuildPrompt(const LoadedModel& model, const std::
 namespace {
 
 // The whole prompt in one Forward, or, batch-invariant, in the server's
-// chunks (Scheduler::InvariantChunk); logits: the last token's.
+// chunks (InvariantPromptChunk); logits: the last token's.
 Status Prefill(Transformer& transformer, KvCache& cache, SeqId seq,
                const std::vector<int32_t>& prompt, const GenerateOptions& options,
                std::vector<float>* logits) {
   if (!options.batch_invariant) return transformer.Forward({{seq, prompt, false}}, cache, logits);
   if (options.prefill_chunk < 1) return Status::Error("the prefill chunk must be at least 1");
   const int64_t n = static_cast<int64_t>(prompt.size());
-  for (int64_t begin = 0; begin < n; begin += options.prefill_chunk) {
-    const int64_t end = std::min(n, begin + options.prefill_chunk);
+  for (int64_t begin = 0, end = 0; begin < n; begin = end) {
+    end = begin + InvariantPromptChunk(begin, n, options.prefill_chunk);
     std::vector<int32_t> chunk(prompt.begin() + begin, prompt.begin() + end);
     KVQ_RETURN_IF_ERROR(transformer.Forward({{seq, std::move(chunk), false}}, cache, logits,
                                             /*observer=*/nullptr, BatchArith::kInvariant));

@@ -3,6 +3,7 @@
 // speed (tokens/s, bytes read per token, implied bandwidth, peak memory).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -15,16 +16,26 @@
 
 namespace kvq {
 
+// Batch-invariant prefill (here and in kvq serve): a prompt is cut where
+// multiples of the chunk size fall, whatever else runs. The default is one
+// constant so that generate and serve agree unless told otherwise.
+inline constexpr int64_t kDefaultPrefillChunk = 256;
+// Tokens of the chunk that starts after `computed` of `prompt_tokens`: up to
+// the next multiple of `chunk`, within the prompt (chunk >= 1).
+inline int64_t InvariantPromptChunk(int64_t computed, int64_t prompt_tokens, int64_t chunk) {
+  return std::min(prompt_tokens - computed, chunk - computed % chunk);
+}
+
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingParams sampling;
   bool chat = false;  // wrap the prompt as one user turn with the model's chat template
   bool stop_at_eos = true;
-  // The arithmetic of `kvq serve --batch-invariant` (SchedulerOptions): every
-  // product rowwise, the prompt prefilled in chunks that end at multiples of
-  // prefill_chunk, so the output is the one that server gives.
+  // The arithmetic of `kvq serve --batch-invariant` (SchedulerOptions):
+  // BatchArith::kInvariant, the prompt prefilled in the chunks of
+  // InvariantPromptChunk, so the output is the one that server gives.
   bool batch_invariant = false;
-  int64_t prefill_chunk = 256;  // with batch_invariant
+  int64_t prefill_chunk = kDefaultPrefillChunk;  // with batch_invariant
 };
 
 struct GenerateStats {

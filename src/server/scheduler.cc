@@ -312,12 +312,10 @@ Scheduler::BatchPlan Scheduler::PlanBatch(StepReport* report) {
     const int64_t fits =
         (BlocksFor(s->computed) + free_blocks - s->cow_blocks) * options_.block_tokens -
         s->computed;
-    int64_t n = std::min({remaining, budget, fits});
-    if (options_.batch_invariant) {
-      n = InvariantChunk(*s);
-      if (n > budget || n > fits) continue;  // the whole chunk or nothing
-    }
-    if (n < 1) continue;
+    // Batch-invariant: the whole chunk or nothing.
+    const int64_t n =
+        options_.batch_invariant ? InvariantChunk(*s) : std::min({remaining, budget, fits});
+    if (n < 1 || n > budget || n > fits) continue;
     free_blocks -= BlocksFor(s->computed + n) - BlocksFor(s->computed) + s->cow_blocks;
     budget -= n;
     const auto first = s->tokens.begin() + s->computed;
@@ -337,10 +335,8 @@ int64_t Scheduler::InvariantResumePoint(const Sequence& s, int64_t cached) const
 
 int64_t Scheduler::InvariantChunk(const Sequence& s) const {
   const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
-  const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
   if (s.computed >= prompt) return 1;  // generated tokens, as they were first decoded
-  const int64_t to_boundary = options_.prefill_chunk - s.computed % options_.prefill_chunk;
-  return std::min({remaining, prompt - s.computed, to_boundary});
+  return InvariantPromptChunk(s.computed, prompt, options_.prefill_chunk);
 }
 
 void Scheduler::RemoveRunning(const std::vector<Sequence*>& ended) {

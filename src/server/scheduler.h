@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/generate.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/tokenizer.h"
@@ -68,7 +69,8 @@ struct SchedulerOptions {
   // have shared the packed GEMM, and chunks that wait (docs/benchmarks.md,
   // "kvq serve --batch-invariant").
   bool batch_invariant = false;
-  int64_t prefill_chunk = 256;  // with batch_invariant: <= max_num_batched_tokens - max_num_seqs
+  // With batch_invariant: at most max_num_batched_tokens - max_num_seqs.
+  int64_t prefill_chunk = kDefaultPrefillChunk;
 };
 
 // What one step did, for metrics.
@@ -111,7 +113,6 @@ class Scheduler {
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   const SchedulerOptions& options() const { return options_; }
   bool prefix_caching() const { return options_.enable_prefix_caching; }
-  bool batch_invariant() const { return options_.batch_invariant; }
   // Why prefix caching was asked for but is off ("" otherwise).
   const std::string& prefix_caching_note() const { return prefix_caching_note_; }
 

@@ -27,7 +27,7 @@ struct GenerateFlags {
   int poll_us = 0;  // set by AddPollFlag
   int64_t context = 0;
   bool batch_invariant = false;
-  int64_t prefill_chunk = 256;
+  int64_t prefill_chunk = kDefaultPrefillChunk;
   KvFlags kv;
 };
 

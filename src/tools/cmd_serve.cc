@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "base/threads.h"
+#include "engine/generate.h"
 #include "engine/loaded_model.h"
 #include "kv/kv_factory.h"
 #include "server/api_key.h"
@@ -47,7 +48,7 @@ struct ServeFlags {
   bool prefix_caching_explicit = false;
   // Off by default, as in vLLM (VLLM_BATCH_INVARIANT): it costs speed.
   bool batch_invariant = false;
-  int64_t prefill_chunk = 256;
+  int64_t prefill_chunk = kDefaultPrefillChunk;
   KvFlags kv;
 };
 

@@ -38,6 +38,26 @@ class BatchArithTest : public test_util::TinyModelTest {
     }
     return cache;
   }
+  // Each sequence's step alone (kFastest, one sequence per call): its logit
+  // rows, in step order.
+  std::vector<float> EachAlone(const std::vector<std::vector<int32_t>>& prompts,
+                               const std::vector<BatchSequence>& step) {
+    auto cache = Prefilled(prompts);
+    std::vector<float> logits, alone;
+    for (const BatchSequence& one : step) {
+      EXPECT_TRUE(model_.transformer->Forward({one}, *cache, &logits).ok());
+      alone.insert(alone.end(), logits.begin(), logits.end());
+    }
+    return alone;
+  }
+  // The whole step in one call under `arith`.
+  std::vector<float> Together(const std::vector<std::vector<int32_t>>& prompts,
+                              const std::vector<BatchSequence>& step, BatchArith arith) {
+    auto cache = Prefilled(prompts);
+    std::vector<float> logits;
+    EXPECT_TRUE(model_.transformer->Forward(step, *cache, &logits, nullptr, arith).ok());
+    return logits;
+  }
 };
 
 TEST_F(BatchArithTest, InvariantDecodeStepEqualsEachSequenceAlone) {
@@ -53,22 +73,9 @@ TEST_F(BatchArithTest, InvariantDecodeStepEqualsEachSequenceAlone) {
     prompts.push_back(prompt);
     step.push_back({static_cast<SeqId>(s), {static_cast<int32_t>(rng() % vocab)}, false});
   }
-  std::vector<float> alone;  // [kSequences, vocab]
-  {
-    auto cache = Prefilled(prompts);
-    std::vector<float> logits;
-    for (const BatchSequence& one : step) {
-      ASSERT_TRUE(model_.transformer->Forward({one}, *cache, &logits).ok());
-      alone.insert(alone.end(), logits.begin(), logits.end());
-    }
-  }
-  std::vector<float> invariant, fastest;
-  auto cache = Prefilled(prompts);
-  ASSERT_TRUE(
-      model_.transformer->Forward(step, *cache, &invariant, nullptr, BatchArith::kInvariant).ok());
-  EXPECT_EQ(invariant, alone);
-  auto other = Prefilled(prompts);
-  ASSERT_TRUE(model_.transformer->Forward(step, *other, &fastest).ok());
+  const std::vector<float> alone = EachAlone(prompts, step);  // [kSequences, vocab]
+  EXPECT_EQ(Together(prompts, step, BatchArith::kInvariant), alone);
+  const std::vector<float> fastest = Together(prompts, step, BatchArith::kFastest);
   ASSERT_EQ(fastest.size(), alone.size());
   // Not bit for bit: otherwise this test could not tell the two apart.
   EXPECT_NE(fastest, alone);
@@ -94,23 +101,10 @@ TEST_F(BatchArithTest, InvariantMixedStepEqualsEachSequenceAlone) {
       {0, tokens(1), false}, {1, tokens(1), false}, {4, tokens(40), false}, {2, tokens(1), false},
       {3, tokens(1), false}, {5, tokens(5), false}, {6, tokens(1), false},  {7, tokens(12), true}};
   const int64_t vocab_size = vocab;
-  std::vector<float> alone;  // logit rows in batch order
-  {
-    auto cache = Prefilled(prompts);
-    std::vector<float> logits;
-    for (const BatchSequence& one : step) {
-      ASSERT_TRUE(model_.transformer->Forward({one}, *cache, &logits).ok());
-      alone.insert(alone.end(), logits.begin(), logits.end());
-    }
-  }
+  const std::vector<float> alone = EachAlone(prompts, step);  // logit rows in batch order
   ASSERT_EQ(static_cast<int64_t>(alone.size()), (7 + 12) * vocab_size);
-  std::vector<float> invariant, fastest;
-  auto cache = Prefilled(prompts);
-  ASSERT_TRUE(
-      model_.transformer->Forward(step, *cache, &invariant, nullptr, BatchArith::kInvariant).ok());
-  EXPECT_EQ(invariant, alone);
-  auto other = Prefilled(prompts);
-  ASSERT_TRUE(model_.transformer->Forward(step, *other, &fastest).ok());
+  EXPECT_EQ(Together(prompts, step, BatchArith::kInvariant), alone);
+  const std::vector<float> fastest = Together(prompts, step, BatchArith::kFastest);
   ASSERT_EQ(fastest.size(), alone.size());
   EXPECT_NE(fastest, alone);  // 64 rows take the packed GEMM together
 }
